@@ -76,12 +76,10 @@ def _profile_from_env() -> AscendProfile | None:
         return ASCEND_PROFILES[name]
     except KeyError:
         known = ", ".join(sorted(ASCEND_PROFILES))
-        raise ValueError(
-            f"CSRC_FREE_OPS_NPU_PROFILE={name!r} is not a known Ascend profile ({known})"
-        ) from None
+        raise ValueError(f"CSRC_FREE_OPS_NPU_PROFILE={name!r} is not a known Ascend profile ({known})") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _detected_ascend_profile() -> AscendProfile:
     """The profile of the real NPU (needs torch_npu), else the default."""
     try:
@@ -96,7 +94,7 @@ def _detected_ascend_profile() -> AscendProfile:
     return DEFAULT_ASCEND_PROFILE
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _detected_vector_cores() -> int:
     try:
         import triton
@@ -125,7 +123,7 @@ def npu_vector_cores() -> int:
     return profile.vector_cores if profile is not None else _detected_vector_cores()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

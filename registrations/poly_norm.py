@@ -18,6 +18,9 @@ from registrations._library import Launchers, define, pick
 
 _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.poly_norm"
+# The dispatcher drops trailing arguments equal to their schema default, so
+# the Python kernels must carry the same defaults.
+DEFAULT_EPS = 1e-6
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> None:
@@ -33,7 +36,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
     _checks.check_eps(_OP, eps)
 
 
-def _poly_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+def _poly_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = DEFAULT_EPS) -> torch.Tensor:
     _check(x, weight, bias, eps)
     return pick(x, _LAUNCHERS).forward(x, weight, bias, eps)
 
@@ -59,7 +62,7 @@ POLY_NORM_BACKWARD = define(
 
 
 @torch.library.register_fake(POLY_NORM)
-def _poly_norm_fake(x, weight, bias, eps):
+def _poly_norm_fake(x, weight, bias, eps=DEFAULT_EPS):
     _check(x, weight, bias, eps)
     return x.new_empty(x.shape)
 

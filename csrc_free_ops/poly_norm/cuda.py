@@ -229,4 +229,4 @@ def backward(
             BLOCK_N=block, num_warps=_num_warps(block),
         )  # fmt: skip
     sums = partial.sum(0)
-    return dx.view(x.shape), sums[:3].to(weight.dtype), sums[3:].to(weight.dtype)
+    return dx.view(x.shape), sums[:3].to(weight.dtype, copy=True), sums[3:].to(weight.dtype, copy=True)

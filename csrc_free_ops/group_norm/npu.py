@@ -1,0 +1,93 @@
+"""GroupNorm launchers for Ascend NPUs (torch_npu's PrivateUse1 device).
+
+The kernels are the ones the CUDA launchers run (``kernels.py``): they are
+already 1-D grid-stride loops over work items with no atomics, so only the
+launch policy differs:
+
+* grid = min(vector cores, work items, 65535): one 1-D launch, every program
+  walking items with a stride; no num_warps / num_stages;
+* a group's statistics are split across programs until there are at least
+  as many work items as vector cores;
+* tile sizes come from the unified buffer (UB) of one vector core.
+
+UB cost model: a kernel keeps ``bytes_per_element`` bytes live in UB for
+each tile element, and half of the UB is left for double buffering, so
+tile = largest power of two <= (UB / 2) / bytes_per_element.  Per element
+(s = x's element size):
+
+    forward partials   x (s) + x, x - shift, two accumulators (4 x 4)  s + 16
+    forward apply      x, y (2s) + x, y in float32 (2 x 4)             2s + 8
+    backward partials  x, dy (2s) + x, dy, d, four accumulators (7 x 4) 2s + 28
+    backward dx        x, dy, dx (3s) + four float32 temporaries         3s + 16
+    finalize           five float32 partial vectors + two accumulators  28
+    reduce             two float32 loads + two accumulators              16
+
+A direction's streaming kernels share one tile, sized by the costlier one.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from csrc_free_ops import device
+from csrc_free_ops.group_norm import launch
+from csrc_free_ops.group_norm.plan import Plan, make_plan
+
+FINALIZE_BYTES_PER_ELEMENT = 28
+REDUCE_BYTES_PER_ELEMENT = 16
+# Channels of one reduce tile (at most).
+REDUCE_BLOCK_C = 64
+
+
+def bytes_per_element(itemsize: int, backward: bool) -> int:
+    if backward:
+        return max(2 * itemsize + 28, 3 * itemsize + 16)
+    return max(itemsize + 16, 2 * itemsize + 8)
+
+
+def tile_elements(bytes_per_elem: int) -> int:
+    """Largest power of two of elements that fits half the UB (at least 1)."""
+    fit = max(1, device.npu_ub_bytes() // 2 // bytes_per_elem)
+    return 1 << (fit.bit_length() - 1)
+
+
+class NpuPolicy:
+    def __init__(self) -> None:
+        self._cores = device.npu_vector_cores()
+
+    def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan:
+        tile = tile_elements(bytes_per_element(x.element_size(), backward))
+        return make_plan(tuple(x.shape), groups, tile=tile, max_block_hw=tile, target_items=self._cores)
+
+    def grid(self, work: int) -> int:
+        return max(1, min(work, self._cores, device.NPU_MAX_GRID))
+
+    def options(self, elements: int) -> dict:
+        return {}
+
+    def finalize_block(self, seg_per_group: int) -> int:
+        return min(triton.next_power_of_2(seg_per_group), tile_elements(FINALIZE_BYTES_PER_ELEMENT))
+
+    def reduce_blocks(self, part_rows: int, c: int) -> launch.Blocks:
+        tile = tile_elements(REDUCE_BYTES_PER_ELEMENT)
+        block_c = min(triton.next_power_of_2(c), REDUCE_BLOCK_C, tile)
+        return max(1, min(triton.next_power_of_2(part_rows), tile // block_c)), block_c
+
+
+def forward(
+    x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    return launch.forward(x, num_groups, weight, bias, eps, NpuPolicy())
+
+
+def backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dweight or None, dbias or None)."""
+    return launch.backward(grad_out, x, num_groups, weight, bias, eps, NpuPolicy())

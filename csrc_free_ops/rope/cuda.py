@@ -1,0 +1,100 @@
+"""Rotary-embedding kernel and launchers for NVIDIA GPUs (also run on CPU
+tensors under TRITON_INTERPRET=1).
+
+One program per (batch, position) row: B*S programs are plenty to fill the
+GPU, and each loads its cos/sin row once and rotates all q and k heads of
+that position.  Tiles are sized from (heads, head_dim, dtype): a block of
+heads by the half width, capped at TILE_BYTES of input per half.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from csrc_free_ops.rope import launch, row_math
+
+# Input bytes per half tile; bounds registers per program.
+TILE_BYTES = 16 * 1024
+# Bytes one thread loads per vectorized access, and accesses per thread we aim for.
+VECTOR_BYTES = 16
+VECTORS_PER_THREAD = 2
+MAX_WARPS = 8
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, COS, SIN,
+    seq_len, n_qh, n_kh, half, rot_dim, head_dim,
+    sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
+    sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
+    sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
+    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    row_math.rope_row(
+        Q, K, QO, KO, COS, SIN, row,
+        seq_len, n_qh, n_kh, half, rot_dim, head_dim,
+        sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
+        sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
+        sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
+        BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS,
+    )  # fmt: skip
+
+
+def head_block(n_heads: int, width: int, element_size: int) -> int:
+    """Heads per tile: all of them when a [heads, width] tile fits TILE_BYTES."""
+    cap = max(1, TILE_BYTES // (width * element_size))
+    return max(1, min(triton.next_power_of_2(max(1, n_heads)), 1 << (cap.bit_length() - 1)))
+
+
+def num_warps(block_h: int, width: int, element_size: int) -> int:
+    threads = block_h * width * element_size // (VECTOR_BYTES * VECTORS_PER_THREAD)
+    return max(1, min(MAX_WARPS, triton.next_power_of_2(max(1, threads // 32))))
+
+
+def rotate_into(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    qo: torch.Tensor,
+    ko: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    backward: bool,
+    copy_pass: bool,
+) -> None:
+    """Write the rotation of q, k into qo, ko (which may be q, k); copy_pass copies dims R..D."""
+    p = launch.problem(q, k, cos)
+    if p.empty:
+        return
+    half_w = launch.block_half(p)
+    pass_w = launch.block_pass(p)
+    width = max(half_w, pass_w) if copy_pass else half_w
+    size = q.element_size()
+    block_qh = head_block(p.n_qh, width, size)
+    block_kh = head_block(p.n_kh, width, size)
+    _rope_kernel[(p.rows,)](
+        *launch.kernel_args(q, k, qo, ko, cos, sin),
+        BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=half_w, BLOCK_PASS=pass_w,
+        BACKWARD=backward, COPY_PASS=copy_pass,
+        num_warps=num_warps(max(block_qh, block_kh), width, size),
+    )  # fmt: skip
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch.rotated(rotate_into, q, k, cos, sin, backward=False)
+
+
+def backward(
+    dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch.rotated(rotate_into, dq, dk, cos, sin, backward=True)
+
+
+def forward_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    rotate_into(q, k, q, k, cos, sin, backward=False, copy_pass=False)

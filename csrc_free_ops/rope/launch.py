@@ -1,0 +1,77 @@
+"""Launcher helpers shared by the CUDA and NPU rotary launchers: problem
+sizes, the kernel's runtime arguments, and tile widths along head_dim."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import triton
+
+
+class Problem(NamedTuple):
+    batch: int
+    seq_len: int
+    n_qh: int
+    n_kh: int
+    head_dim: int
+    rot_dim: int
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def empty(self) -> bool:
+        return self.rows == 0 or self.n_qh + self.n_kh == 0
+
+
+def problem(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> Problem:
+    batch, n_qh, seq_len, head_dim = q.shape
+    return Problem(batch, seq_len, n_qh, k.shape[1], head_dim, cos.shape[-1])
+
+
+def table_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, seq, col) strides of cos/sin; batch stride 0 when shared by the batch."""
+    if t.dim() == 2:
+        return 0, t.stride(0), t.stride(1)
+    return (0 if t.shape[0] == 1 else t.stride(0)), t.stride(1), t.stride(2)
+
+
+def block_half(p: Problem) -> int:
+    return triton.next_power_of_2(p.rot_dim // 2)
+
+
+def block_pass(p: Problem) -> int:
+    """Tile width of the pass-through dims (1 when the whole head rotates)."""
+    return triton.next_power_of_2(max(1, p.head_dim - p.rot_dim))
+
+
+def kernel_args(
+    q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple:
+    """Every runtime argument of the row kernels after the row index, in order."""
+    p = problem(q, k, cos)
+    return (
+        q, k, qo, ko, cos, sin,
+        p.seq_len, p.n_qh, p.n_kh, p.rot_dim // 2, p.rot_dim, p.head_dim,
+        *q.stride(), *qo.stride(), *k.stride(), *ko.stride(),
+        *table_strides(cos), *table_strides(sin),
+    )  # fmt: skip
+
+
+def rotated(
+    launch_fn: Callable[..., None],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    backward: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out-of-place rotation of x and y by a backend's launch_fn; outputs keep each input's layout."""
+    xo = torch.empty_like(x)
+    yo = torch.empty_like(y)
+    launch_fn(x, y, xo, yo, cos, sin, backward=backward, copy_pass=cos.shape[-1] < x.shape[-1])
+    return xo, yo

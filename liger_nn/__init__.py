@@ -1,0 +1,9 @@
+"""User-facing drop-ins over ``torch.ops.liger``: nn.Modules and functions
+with the signatures of the layers they replace."""
+
+import registrations  # noqa: F401  (defines torch.ops.liger.*)
+from liger_nn.group_norm import GroupNorm
+from liger_nn.poly_norm import PolyNorm
+from liger_nn.rope import apply_rotary_pos_emb
+
+__all__ = ["GroupNorm", "PolyNorm", "apply_rotary_pos_emb"]

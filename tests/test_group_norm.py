@@ -1,0 +1,312 @@
+"""torch.ops.liger.group_norm: values and gradients against a float64
+reference, the multi-block and split-group paths, determinism, the GroupNorm
+module, and errors for bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csrc_free_ops.group_norm import cuda, reference
+from tests.helpers import DEVICE, FLOAT_DTYPES, assert_close_to_ref
+
+AFFINE = ("both", "weight", "bias", "none")
+
+
+@st.composite
+def group_norm_cases(draw, max_spatial: int = 9, max_hw: int = 400):
+    """(shape, num_groups): rank 2 to 5, C % G == 0, spatial sizes mostly not
+    powers of two, at most max_hw spatial positions.  Groups hold at least 4
+    elements; dx of a 1- or 2-element group is a cancellation down to ~eps
+    (test_tiny_groups covers those with an absolute bound)."""
+    groups = draw(st.integers(1, 4))
+    per_group = draw(st.integers(1, 4))
+    spatial = draw(st.lists(st.integers(1, max_spatial), min_size=0, max_size=3))
+    while math.prod(spatial) > max_hw:
+        spatial.pop()
+    if per_group * math.prod(spatial) < 4:
+        spatial.append(draw(st.integers(4, max_spatial)))
+    return (draw(st.integers(1, 3)), groups * per_group, *spatial), groups
+
+
+def make_x(shape, dtype, layout="contiguous", offset=0.0):
+    if layout == "channels_last" and len(shape) >= 3:  # channels innermost in memory
+        base = torch.randn((shape[0], *shape[2:], shape[1]), dtype=torch.float32, device=DEVICE)
+        x = base.movedim(-1, 1)
+    else:
+        x = torch.randn(shape, dtype=torch.float32, device=DEVICE)
+    return (x + offset).to(dtype)
+
+
+def make_params(channels, affine, dtype):
+    weight = torch.randn(channels, dtype=dtype, device=DEVICE) if affine in ("both", "weight") else None
+    bias = torch.randn(channels, dtype=dtype, device=DEVICE) if affine in ("both", "bias") else None
+    return weight, bias
+
+
+def reference_grads(x, num_groups, weight, bias, dy, eps):
+    """(y, {name: grad}) in float64 by autograd through the reference forward."""
+    named = {"x": x, "weight": weight, "bias": bias}
+    leaves = {k: v.detach().double().requires_grad_() for k, v in named.items() if v is not None}
+    y = reference.forward(leaves["x"], num_groups, leaves.get("weight"), leaves.get("bias"), eps)
+    grads = torch.autograd.grad(y, list(leaves.values()), dy.double())
+    return y.detach(), dict(zip(leaves, grads, strict=True))
+
+
+def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps, dtype):
+    y_ref, grads_ref = reference_grads(x, num_groups, weight, bias, dy, eps)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_close_to_ref(y, y_ref, dtype, "y")
+    assert set(grads) == set(grads_ref)
+    for name, grad in grads.items():
+        param = {"x": x, "weight": weight, "bias": bias}[name]
+        assert grad.dtype == param.dtype, f"d{name} dtype {grad.dtype} != {param.dtype}"
+        assert_close_to_ref(grad, grads_ref[name], dtype, f"d{name}")
+
+
+@given(
+    case=group_norm_cases(),
+    dtype=st.sampled_from(FLOAT_DTYPES),
+    affine=st.sampled_from(AFFINE),
+    fp32_params=st.booleans(),
+    layout=st.sampled_from(["contiguous", "channels_last"]),
+    eps=st.sampled_from([1e-5, 1e-3]),
+)
+def test_op_forward_and_gradients_match_float64_reference(case, dtype, affine, fp32_params, layout, eps):
+    shape, groups = case
+    x = make_x(shape, dtype, layout).requires_grad_()
+    weight, bias = make_params(shape[1], affine, torch.float32 if fp32_params else dtype)
+    leaves = {"x": x} | {k: v.requires_grad_() for k, v in (("weight", weight), ("bias", bias)) if v is not None}
+    dy = torch.randn(shape, dtype=dtype, device=DEVICE)
+
+    y = torch.ops.liger.group_norm(x, groups, weight, bias, eps)
+    grads = dict(zip(leaves, torch.autograd.grad(y, list(leaves.values()), dy), strict=True))
+    check_against_reference(y, grads, x, groups, weight, bias, dy, eps, dtype)
+
+
+@given(
+    case=group_norm_cases(max_spatial=40, max_hw=120),
+    dtype=st.sampled_from(FLOAT_DTYPES),
+    affine=st.sampled_from(AFFINE),
+    tile=st.sampled_from([8, 32]),
+    target_items=st.sampled_from([1, 64]),
+)
+def test_launchers_with_small_tiles_and_split_groups(case, dtype, affine, tile, target_items):
+    """Tiles far smaller than a group force the looped tiles, channel blocks
+    that straddle groups, and (with a large target) groups split across
+    programs whose partials the finalize merges."""
+    shape, groups = case
+    x = make_x(shape, dtype)
+    weight, bias = make_params(shape[1], affine, dtype)
+    dy = torch.randn(shape, dtype=dtype, device=DEVICE)
+    opts = {"tile": tile, "target_items": target_items}
+    y = cuda.forward(x, groups, weight, bias, 1e-5, **opts)
+    dx, dweight, dbias = cuda.backward(dy, x, groups, weight, bias, 1e-5, **opts)
+    grads = {"x": dx} | {k: v for k, v in (("weight", dweight), ("bias", dbias)) if v is not None}
+    assert (dweight is None) == (weight is None) and (dbias is None) == (bias is None)
+    check_against_reference(y, grads, x, groups, weight, bias, dy, 1e-5, dtype)
+
+
+def test_split_plan_is_exercised():
+    """The small-tile settings above really split groups across programs."""
+    plan = cuda.CudaPolicy(torch.device("cpu"), tile=8, target_items=64).plan(torch.empty(2, 4, 40), 2, False)
+    assert plan.splits > 1 and plan.chunk < 40 and plan.block_c * plan.block_hw <= 8
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 50, 41), (1, 4, 97, 71)])
+def test_group_larger_than_one_block_through_the_op(shape):
+    """Groups of ~8k-27k elements: more than one tile, statistics split across programs."""
+    x = make_x(shape, torch.float32, offset=3.0).requires_grad_()
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    weight.requires_grad_()
+    bias.requires_grad_()
+    dy = torch.randn(shape, device=DEVICE)
+    y = torch.ops.liger.group_norm(x, 2, weight, bias)
+    grads = dict(zip(("x", "weight", "bias"), torch.autograd.grad(y, (x, weight, bias), dy), strict=True))
+    check_against_reference(y, grads, x, 2, weight, bias, dy, 1e-5, torch.float32)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="too large for the interpreter")
+@pytest.mark.parametrize("shape", [(8, 512, 64, 64), (2, 128, 8, 64, 64)])
+def test_diffusion_shapes_on_gpu(shape):
+    x = make_x(shape, torch.bfloat16).requires_grad_()
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    weight.requires_grad_()
+    bias.requires_grad_()
+    dy = torch.randn(shape, dtype=torch.bfloat16, device=DEVICE)
+    y = torch.ops.liger.group_norm(x, 32, weight, bias)
+    grads = dict(zip(("x", "weight", "bias"), torch.autograd.grad(y, (x, weight, bias), dy), strict=True))
+    check_against_reference(y, grads, x, 32, weight, bias, dy, 1e-5, torch.bfloat16)
+
+
+def test_reference_matches_torch_group_norm_in_float64():
+    x = torch.randn(3, 6, 5, 7, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn_like(x)
+    y = torch.nn.functional.group_norm(x, 3, weight, bias, 1e-5)
+    expected = torch.autograd.grad(y, (x, weight, bias), dy)
+    torch.testing.assert_close(reference.forward(x, 3, weight, bias, 1e-5), y, rtol=1e-12, atol=1e-12)
+    for got, want in zip(
+        reference.backward(dy, x.detach(), 3, weight.detach(), bias.detach(), 1e-5), expected, strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("target_items", [None, 64])
+def test_bitwise_deterministic(target_items):
+    x = make_x((2, 8, 7, 11), torch.bfloat16)
+    weight, bias = make_params(8, "both", torch.float32)
+    dy = torch.randn_like(x)
+    opts = {"tile": 64, "target_items": target_items}
+    runs = [
+        (cuda.forward(x, 4, weight, bias, 1e-5, **opts), *cuda.backward(dy, x, 4, weight, bias, 1e-5, **opts))
+        for _ in range(2)
+    ]
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    op_runs = [torch.ops.liger.group_norm_backward(dy, x, 4, weight, bias, 1e-5) for _ in range(2)]
+    for a, b in zip(*op_runs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_large_mean_keeps_variance():
+    """mean / std = 100: sums on shifted values keep the variance from cancelling."""
+    x = make_x((2, 4, 33, 17), torch.float32, offset=100.0)
+    dy = torch.randn_like(x)
+    for opts in ({}, {"tile": 16, "target_items": 64}):
+        y = cuda.forward(x, 2, None, None, 1e-5, **opts)
+        dx, _, _ = cuda.backward(dy, x, 2, None, None, 1e-5, **opts)
+        y_ref, grads_ref = reference_grads(x, 2, None, None, dy, 1e-5)
+        assert_close_to_ref(y, y_ref, torch.float32, "y")
+        assert_close_to_ref(dx, grads_ref["x"], torch.float32, "dx")
+
+
+def test_expanded_grad_and_weight_without_grad():
+    """grad_out with stride 0 (from .sum()); only the bias requires grad."""
+    x = make_x((2, 4, 9), torch.float32).requires_grad_()
+    weight, bias = make_params(4, "both", torch.float32)
+    bias.requires_grad_()
+    dx, dbias = torch.autograd.grad(torch.ops.liger.group_norm(x, 2, weight, bias).sum(), (x, bias))
+    _, grads_ref = reference_grads(x, 2, weight, bias, torch.ones_like(x), 1e-5)
+    assert_close_to_ref(dbias, grads_ref["bias"], torch.float32, "dbias")
+    assert_close_to_ref(dx, grads_ref["x"], torch.float32, "dx")
+
+
+@pytest.mark.parametrize(("shape", "groups"), [((5, 2), 2), ((5, 2), 1), ((3, 4, 1), 2), ((2, 3, 1, 1), 3)])
+def test_tiny_groups(shape, groups):
+    """1- or 2-element groups: y is exact-ish; dx cancels down to ~eps, so it
+    gets an absolute bound."""
+    x = make_x(shape, torch.float32)
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    dy = torch.randn_like(x)
+    y = torch.ops.liger.group_norm(x, groups, weight, bias)
+    dx, dweight, dbias = torch.ops.liger.group_norm_backward(dy, x, groups, weight, bias, 1e-5)
+    y_ref, grads_ref = reference_grads(x, groups, weight, bias, dy, 1e-5)
+    assert_close_to_ref(y, y_ref, torch.float32, "y")
+    assert_close_to_ref(dweight, grads_ref["weight"], torch.float32, "dweight")
+    assert_close_to_ref(dbias, grads_ref["bias"], torch.float32, "dbias")
+    assert torch.isfinite(dx).all()
+    assert (dx.double().cpu() - grads_ref["x"].cpu()).abs().max() <= 1e-3
+
+
+def test_empty_batch():
+    x = torch.randn(0, 4, 5, device=DEVICE, requires_grad=True)
+    weight, bias = make_params(4, "both", torch.float32)
+    weight.requires_grad_()
+    y = torch.ops.liger.group_norm(x, 2, weight, bias)
+    assert y.shape == x.shape
+    dx, dweight = torch.autograd.grad(y.sum(), (x, weight))
+    assert dx.shape == x.shape and torch.equal(dweight, torch.zeros_like(dweight))
+
+
+@pytest.mark.parametrize(("affine", "bias"), [(True, True), (True, False), (False, True)])
+def test_module_is_a_drop_in_for_torch_group_norm(affine, bias):
+    from liger_nn import GroupNorm
+
+    torch_module = torch.nn.GroupNorm(4, 8, eps=1e-4, affine=affine, bias=bias).to(DEVICE)
+    with torch.no_grad():
+        for p in torch_module.parameters():
+            p.normal_()
+    module = GroupNorm(4, 8, eps=1e-4, affine=affine, bias=bias).to(DEVICE)
+    assert set(module.state_dict()) == set(torch_module.state_dict())
+    fresh = dict(GroupNorm(4, 8).named_parameters())
+    assert torch.equal(fresh["weight"].detach().cpu(), torch.ones(8))
+    assert torch.equal(fresh["bias"].detach().cpu(), torch.zeros(8))
+    module.load_state_dict(torch_module.state_dict())
+    assert repr(module).endswith(repr(torch_module)[len("GroupNorm") :])
+    x = torch.randn(2, 8, 6, 5, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    expected = torch_module.double()(x)
+    y = module(x.detach().float().requires_grad_())
+    assert_close_to_ref(y, expected, torch.float32)
+    dy = torch.randn_like(expected)
+    y.backward(dy.float())
+    expected.backward(dy)
+    for (name, p), (_, p_ref) in zip(module.named_parameters(), torch_module.named_parameters(), strict=True):
+        assert_close_to_ref(p.grad, p_ref.grad, torch.float32, f"d{name}")
+
+
+def test_module_with_fp32_params_and_bf16_activations():
+    from liger_nn import GroupNorm
+
+    module = GroupNorm(2, 6).to(DEVICE)
+    x = torch.randn(3, 6, 7, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    y = module(x)
+    y.float().square().sum().backward()
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16
+    assert module.weight.grad.dtype == torch.float32 and module.bias.grad.dtype == torch.float32
+
+
+def test_module_rejects_indivisible_channels():
+    from liger_nn import GroupNorm
+
+    with pytest.raises(ValueError, match="divisible"):
+        GroupNorm(3, 8)
+
+
+def _x(*shape, dtype=torch.float32):
+    return torch.randn(*(shape or (2, 8, 5)), dtype=dtype, device=DEVICE)
+
+
+def _p(n=8, dtype=torch.float32, dev=DEVICE):
+    return torch.ones(n, dtype=dtype, device=dev)
+
+
+BAD_CALLS = [
+    ("not divisible by num_groups=3", lambda: (_x(), 3)),
+    ("num_groups must be positive", lambda: (_x(), 0)),
+    ("rank >= 2", lambda: (_x(8), 2)),
+    ("rank >= 2", lambda: (torch.tensor(1.0, device=DEVICE), 1)),
+    ("weight must have shape (8,)", lambda: (_x(), 2, _p(4))),
+    ("weight must have shape (8,)", lambda: (_x(), 2, _p(8).reshape(2, 4))),
+    ("bias must have shape (8,)", lambda: (_x(), 2, _p(), _p(9))),
+    ("weight has dtype torch.float16", lambda: (_x(dtype=torch.bfloat16), 2, _p(dtype=torch.float16))),
+    ("bias has dtype torch.float64", lambda: (_x(), 2, None, _p(dtype=torch.float64))),
+    ("weight is on meta", lambda: (_x(), 2, _p(dev="meta"))),
+    ("x must be float32, bfloat16 or float16", lambda: (_x().double(), 2)),
+    ("x must be float32, bfloat16 or float16", lambda: (torch.ones(2, 8, dtype=torch.int32, device=DEVICE), 2)),
+]
+
+
+@pytest.mark.parametrize(("message", "make_args"), BAD_CALLS)
+def test_bad_input_raises_clear_error(message, make_args):
+    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
+        torch.ops.liger.group_norm(*make_args())
+
+
+@pytest.mark.parametrize("eps", [-1.0, math.inf, math.nan])
+def test_bad_eps_raises(eps):
+    with pytest.raises(ValueError, match="eps must be"):
+        torch.ops.liger.group_norm(_x(), 2, None, None, eps)
+
+
+def test_backward_op_rejects_mismatched_grad():
+    x = _x()
+    with pytest.raises(ValueError, match="grad_out shape"):
+        torch.ops.liger.group_norm_backward(_x(2, 8, 6), x, 2, None, None, 1e-5)
+    with pytest.raises(TypeError, match="grad_out has dtype"):
+        torch.ops.liger.group_norm_backward(x.half(), x, 2, None, None, 1e-5)

@@ -1,0 +1,145 @@
+"""The Ascend NPU launchers of poly_norm, run under the Triton interpreter on
+CPU tensors with simulated Ascend profiles, and PrivateUse1 dispatch."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csrc_free_ops import device
+from csrc_free_ops.poly_norm import npu
+from tests.helpers import FLOAT_DTYPES, assert_close_to_ref
+from tests.privateuse1_backend import run_scenario
+from tests.test_poly_norm import reference_grads
+
+# (profile, UB override): real chips, and a UB so small that rows of a few
+# hundred elements are column-blocked.
+PROFILES = [("Ascend910B4", None), ("Ascend910B1", None), ("Ascend910B2", 8192)]
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="NPU launchers are exercised on CPU tensors")
+
+
+@pytest.fixture(params=PROFILES, ids=lambda p: f"{p[0]}-ub{p[1] or 'default'}")
+def ascend(request, monkeypatch):
+    name, ub = request.param
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", name)
+    if ub is not None:
+        monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
+    return name
+
+
+def _check(x, weight, bias, dy, eps=1e-6):
+    dtype = x.dtype
+    y = npu.forward(x, weight, bias, eps)
+    dx, dw, db = npu.backward(dy, x, weight, eps)
+    y_ref, (dx_ref, dw_ref, db_ref) = reference_grads(x, weight, bias, dy, eps)
+    assert_close_to_ref(y, y_ref, dtype, "y")
+    assert_close_to_ref(dx, dx_ref, dtype, "dx")
+    assert_close_to_ref(dw, dw_ref, dtype, "dweight")
+    assert_close_to_ref(db, db_ref.reshape(1), dtype, "dbias")  # the launcher's dbias is (1,)
+
+
+def _plan(n_rows, n_cols, dtype, backward):
+    elem = torch.tensor([], dtype=dtype).element_size()
+    tile = (
+        npu.tile_elements(2, elem, npu.BWD_FP32_TEMPS) if backward else npu.tile_elements(1, elem, npu.FWD_FP32_TEMPS)
+    )
+    return npu.plan(n_rows, n_cols, tile)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(("n_rows", "n_cols"), [(37, 48), (150, 129), (5, 2048), (7, 2500), (3, 5000)])
+def test_npu_launchers_match_reference(ascend, dtype, n_rows, n_cols):
+    x = torch.randn(n_rows, n_cols, dtype=dtype)
+    weight = torch.randn(3, dtype=dtype)
+    bias = torch.randn(1, dtype=dtype)
+    _check(x, weight, bias, torch.randn_like(x))
+
+
+@given(
+    n_rows=st.integers(1, 24),
+    n_cols=st.integers(2, 2600),
+    dtype=st.sampled_from(FLOAT_DTYPES),
+    ub=st.sampled_from([4096, 32 * 1024, 192 * 1024]),
+    cores=st.integers(1, 48),
+)
+def test_npu_launchers_any_shape_any_budget(n_rows, n_cols, dtype, ub, cores):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
+        mp.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(cores))
+        x = torch.randn(n_rows, n_cols, dtype=dtype)
+        weight = torch.randn(3, dtype=dtype)
+        bias = torch.randn((), dtype=dtype)
+        _check(x, weight, bias, torch.randn_like(x))
+        for backward in (False, True):
+            _, block_m, block_n, programs = _plan(n_rows, n_cols, dtype, backward)
+            assert 1 <= programs <= min(cores, device.NPU_MAX_GRID)
+
+
+def test_both_kernels_are_planned(ascend):
+    """The shapes above cover both kernels on every profile."""
+    for backward in (False, True):
+        assert _plan(37, 48, torch.float32, backward)[0] is True
+        assert _plan(7, 2500, torch.float32, backward)[0] is False
+        assert _plan(150, 129, torch.float32, backward)[0] is (ascend != "Ascend910B2")
+
+
+def test_tile_fits_half_the_ub(ascend):
+    for n_inputs, temps in ((1, npu.FWD_FP32_TEMPS), (2, npu.BWD_FP32_TEMPS)):
+        for dtype in FLOAT_DTYPES:
+            elem = torch.tensor([], dtype=dtype).element_size()
+            tile = npu.tile_elements(n_inputs, elem, temps)
+            assert tile * (n_inputs * elem + 4 * temps) <= device.npu_ub_bytes() // 2
+
+
+def test_npu_backward_is_bitwise_deterministic(ascend):
+    x = torch.randn(40, 300, dtype=torch.float16)
+    weight = torch.randn(3, dtype=torch.float16)
+    dy = torch.randn_like(x)
+    first = npu.backward(dy, x, weight, 1e-6)
+    second = npu.backward(dy, x, weight, 1e-6)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_npu_kernels_pass_no_warps_or_stages():
+    """triton-ascend ignores num_warps / num_stages; the launchers set neither."""
+    source = inspect.getsource(npu)
+    assert "num_warps" not in source.replace("No num_warps", "")
+    assert "num_stages" not in source.replace("num_warps / num_stages", "")
+
+
+# --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)
+
+
+def dispatch_scenario() -> None:
+    import registrations  # noqa: F401
+    from csrc_free_ops.poly_norm import npu as npu_launchers
+    from tests import privateuse1_backend as backend
+
+    backend.install()
+    calls: list[str] = []
+    backend.spy_on(npu_launchers, "forward", calls)
+    backend.spy_on(npu_launchers, "backward", calls)
+    x, weight, bias, dy = torch.randn(3, 5, 40), torch.randn(3), torch.randn(1), torch.randn(3, 5, 40)
+    leaves = [backend.to_npu(t).requires_grad_() for t in (x, weight, bias)]
+    y = torch.ops.liger.poly_norm(*leaves, 1e-6)
+    grads = torch.autograd.grad(y, leaves, backend.to_npu(dy))
+    y_ref, grads_ref = reference_grads(x, weight, bias, dy, 1e-6)
+    pairs = zip((y, *grads), (y_ref, *grads_ref), strict=True)
+    errors = [((a.cpu().double() - b).norm() / b.norm()).item() for a, b in pairs]
+    result = {"device": str(y.device), "grad_devices": [str(g.device) for g in grads], "calls": calls, "errors": errors}
+    print(json.dumps(result))
+
+
+def test_privateuse1_dispatch_reaches_npu_launchers():
+    out = json.loads(run_scenario("tests.test_poly_norm_npu", "dispatch_scenario").strip().splitlines()[-1])
+    assert out["device"] == "npu:0"
+    assert out["grad_devices"] == ["npu:0"] * 3
+    assert out["calls"] == ["csrc_free_ops.poly_norm.npu.forward", "csrc_free_ops.poly_norm.npu.backward"]
+    assert all(e < 1e-5 for e in out["errors"]), out["errors"]

@@ -1,0 +1,185 @@
+"""The Ascend NPU launchers of rope, run under the Triton interpreter on CPU
+tensors with simulated Ascend profiles (one with a UB small enough to split
+the heads into several blocks), and PrivateUse1 dispatch."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csrc_free_ops import device
+from csrc_free_ops.rope import npu, reference
+from tests.helpers import FLOAT_DTYPES, assert_close_to_ref, poison_like
+from tests.privateuse1_backend import run_scenario
+from tests.rope_cases import HEAD_LAYOUTS, TABLE_LAYOUTS, make_heads, make_table, reference_outputs_and_grads
+
+# A UB this small holds one or a few heads per block.
+SMALL_UB = 4096
+# (profile, UB override)
+PROFILES = [("Ascend910B4", None), ("Ascend910B1", None), ("Ascend910B2", SMALL_UB)]
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="NPU launchers are exercised on CPU tensors")
+
+
+@pytest.fixture(params=PROFILES, ids=lambda p: f"{p[0]}-ub{p[1] or 'default'}")
+def ascend(request, monkeypatch):
+    name, ub = request.param
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", name)
+    if ub is not None:
+        monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
+    return name
+
+
+def _inputs(batch, n_qh, n_kh, seq, dim, rot, dtype, q_layout="transposed", k_layout="contiguous", table="BSR"):
+    q = make_heads(batch, n_qh, seq, dim, dtype, q_layout, "cpu")
+    k = make_heads(batch, n_kh, seq, dim, dtype, k_layout, "cpu")
+    cos, sin = (make_table(batch, seq, rot, dtype, table, "cpu") for _ in range(2))
+    return q, k, cos, sin
+
+
+def _check_all_launchers(q, k, cos, sin):
+    dtype = q.dtype
+    dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
+    (q_ref, k_ref), (dq_ref, dk_ref) = reference_outputs_and_grads(q, k, cos, sin, dq_out, dk_out)
+    q_out, k_out = npu.forward(q, k, cos, sin)
+    dq, dk = npu.backward(dq_out, dk_out, cos, sin)
+    assert_close_to_ref(q_out, q_ref, dtype, "q_out")
+    assert_close_to_ref(k_out, k_ref, dtype, "k_out")
+    assert_close_to_ref(dq, dq_ref, dtype, "dq")
+    assert_close_to_ref(dk, dk_ref, dtype, "dk")
+    assert q_out.stride() == torch.empty_like(q).stride()
+    q_in, k_in = q.clone(), k.clone()
+    npu.forward_(q_in, k_in, cos, sin)
+    assert_close_to_ref(q_in, q_ref, dtype, "q (in place)")
+    assert_close_to_ref(k_in, k_ref, dtype, "k (in place)")
+
+
+CASES = [
+    # batch, n_qh, n_kh, seq, dim, rot
+    (2, 6, 2, 5, 92, 92),  # GQA, head_dim not a power of two
+    (1, 2, 7, 9, 92, 32),  # more kv heads than q heads, partial rotary
+    (2, 8, 1, 3, 128, 128),  # MQA
+    (1, 5, 5, 4, 18, 6),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(("batch", "n_qh", "n_kh", "seq", "dim", "rot"), CASES)
+def test_npu_launchers_match_reference(ascend, dtype, batch, n_qh, n_kh, seq, dim, rot):
+    _check_all_launchers(*_inputs(batch, n_qh, n_kh, seq, dim, rot, dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_small_ub_splits_heads_into_several_blocks(monkeypatch, dtype):
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", "Ascend910B4")
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(SMALL_UB))
+    for dim, rot, n_qh, n_kh in ((32, 32, 7, 5), (92, 60, 6, 3)):
+        q, k, cos, sin = _inputs(2, n_qh, n_kh, 3, dim, rot, dtype)
+        plan = npu.plan(q, k, cos, copy_pass=rot < dim)
+        assert plan.block_qh < n_qh and plan.block_kh < n_kh, plan
+        _check_all_launchers(q, k, cos, sin)
+
+
+def test_partial_rotary_pass_through_is_copied_under_small_ub(monkeypatch):
+    """NaN-poisoned outputs: every rotated and pass-through element is written."""
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(SMALL_UB))
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", "3")
+    q, k, cos, sin = _inputs(2, 5, 3, 4, 92, 20, torch.float16)
+    qo, ko = poison_like(q), poison_like(k)
+    npu.rotate_into(q, k, qo, ko, cos, sin, backward=False, copy_pass=True)
+    q_ref, k_ref = reference.forward(q.double(), k.double(), cos.double(), sin.double())
+    assert_close_to_ref(qo, q_ref, torch.float16, "q_out")
+    assert_close_to_ref(ko, k_ref, torch.float16, "k_out")
+
+
+@given(
+    batch=st.integers(1, 2),
+    n_qh=st.integers(1, 6),
+    n_kh=st.integers(1, 6),
+    seq=st.integers(1, 6),
+    dim=st.sampled_from([2, 10, 16, 46, 92, 96]),
+    rot_frac=st.floats(0.0, 1.0),
+    dtype=st.sampled_from(FLOAT_DTYPES),
+    ub=st.sampled_from([1024, SMALL_UB, 192 * 1024]),
+    cores=st.integers(1, 48),
+    layouts=st.tuples(st.sampled_from(HEAD_LAYOUTS), st.sampled_from(HEAD_LAYOUTS), st.sampled_from(TABLE_LAYOUTS)),
+)
+def test_npu_launchers_any_shape_any_budget(batch, n_qh, n_kh, seq, dim, rot_frac, dtype, ub, cores, layouts):
+    rot = 2 * max(1, round(rot_frac * dim / 2))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
+        mp.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(cores))
+        q, k, cos, sin = _inputs(batch, n_qh, n_kh, seq, dim, rot, dtype, *layouts)
+        _check_all_launchers(q, k, cos, sin)
+        plan = npu.plan(q, k, cos, copy_pass=rot < dim)
+        assert plan.grid == min(cores, batch * seq)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(("dim", "rot"), [(64, 64), (92, 92), (128, 32), (256, 256)])
+def test_plan_fits_half_the_ub(ascend, dtype, dim, rot):
+    """Cost model: cos/sin row + head block tiles fit half the UB, unless one head alone does not."""
+    q, k, cos, _ = _inputs(1, 32, 8, 2, dim, rot, dtype)
+    copy_pass = rot < dim
+    plan = npu.plan(q, k, cos, copy_pass)
+    elem = q.element_size()
+    per_head = npu.head_bytes(plan.block_half, plan.block_pass, elem, copy_pass)
+    fixed = npu.cos_sin_bytes(plan.block_half, elem)
+    for block, heads in ((plan.block_qh, 32), (plan.block_kh, 8)):
+        assert block & (block - 1) == 0 and block <= heads
+        assert block == 1 or fixed + block * per_head <= device.npu_ub_bytes() // 2
+        if block < heads:  # the next power of two would not have fit
+            assert fixed + 2 * block * per_head > device.npu_ub_bytes() // 2
+
+
+def test_grid_is_vector_cores_or_rows(ascend):
+    q, k, cos, _ = _inputs(2, 4, 4, 100, 16, 16, torch.float32)
+    assert npu.plan(q, k, cos, False).grid == device.npu_vector_cores()
+    q, k, cos, _ = _inputs(1, 4, 4, 3, 16, 16, torch.float32)
+    assert npu.plan(q, k, cos, False).grid == 3
+
+
+def test_npu_kernels_pass_no_warps_or_stages():
+    """triton-ascend ignores num_warps / num_stages; the launcher sets neither."""
+    source = inspect.getsource(npu.rotate_into)
+    assert "_rope_kernel[" in source
+    assert "num_warps" not in source and "num_stages" not in source
+
+
+# --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)
+
+
+def dispatch_scenario() -> None:
+    import registrations  # noqa: F401
+    from csrc_free_ops.rope import npu as npu_launchers
+    from tests import privateuse1_backend as backend
+
+    backend.install()
+    calls: list[str] = []
+    for name in ("forward", "backward", "forward_"):
+        backend.spy_on(npu_launchers, name, calls)
+    q, k, cos, sin = _inputs(2, 4, 2, 5, 12, 8, torch.float32)
+    dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
+    leaves = [backend.to_npu(t).requires_grad_() for t in (q, k)]
+    outs = torch.ops.liger.rope(*leaves, backend.to_npu(cos), backend.to_npu(sin))
+    grads = torch.autograd.grad(outs, leaves, (backend.to_npu(dq_out), backend.to_npu(dk_out)))
+    refs, grad_refs = reference_outputs_and_grads(q, k, cos, sin, dq_out, dk_out)
+    q_in, k_in = backend.to_npu(q.clone()), backend.to_npu(k.clone())
+    torch.ops.liger.rope_(q_in, k_in, backend.to_npu(cos), backend.to_npu(sin))
+    got = (*outs, *grads, q_in, k_in)
+    want = (*refs, *grad_refs, *refs)
+    errors = [((a.cpu().double() - b).norm() / b.norm()).item() for a, b in zip(got, want, strict=True)]
+    print(json.dumps({"devices": [str(t.device) for t in got], "calls": calls, "errors": errors}))
+
+
+def test_privateuse1_dispatch_reaches_npu_launchers():
+    out = json.loads(run_scenario("tests.test_rope_npu", "dispatch_scenario").strip().splitlines()[-1])
+    assert out["devices"] == ["npu:0"] * 6
+    prefix = "csrc_free_ops.rope.npu."
+    assert out["calls"] == [prefix + "forward", prefix + "backward", prefix + "forward_"]
+    assert all(e < 1e-5 for e in out["errors"]), out["errors"]
