@@ -50,3 +50,53 @@ def define(schema: str, kernel: Callable) -> str:
     for key in BACKEND_KEYS:
         LIB.impl(name, kernel, key)
     return "liger::" + name
+
+
+def register_autograd(
+    qualname: str,
+    backward: Callable,
+    *,
+    setup_context: Callable,
+    defaults: tuple = (),
+) -> None:
+    """Give ``qualname`` an autograd formula, like torch.library.register_autograd.
+
+    torch.library's version wraps every call in generic machinery (default
+    filling, pytree flattening, keyset bookkeeping) that costs more host time
+    than a small kernel takes on the GPU.  This registers one plain
+    autograd.Function as the op's Autograd kernel instead: its forward
+    redispatches below autograd (so fake tensors, functionalization and the
+    backend kernels see the op as before) and calls ``setup_context``; its
+    backward is ``backward``.  With grad mode off or no input requiring grad
+    it only redispatches.  ``defaults`` are the schema defaults of the
+    trailing arguments, which the dispatcher drops when a caller omits them.
+    """
+    ns, name = qualname.split("::", 1)
+    op = getattr(getattr(torch.ops, ns), name).default
+    n_args = len(op._schema.arguments)
+
+    def complete(args: tuple) -> tuple:
+        return args + defaults[len(defaults) - (n_args - len(args)) :] if len(args) < n_args else args
+
+    class Formula(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            args = complete(args)
+            with torch._C._AutoDispatchBelowAutograd():
+                output = op(*args)
+            setup_context(ctx, args, output)
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return backward(ctx, *grads)
+
+    Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
+
+    def autograd_kernel(*args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return Formula.apply(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    LIB.impl(name, autograd_kernel, "Autograd")

@@ -18,7 +18,7 @@ import torch
 
 from csrc_free_ops.group_norm import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, define, pick
+from registrations._library import Launchers, define, pick, register_autograd
 
 _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.group_norm"
@@ -125,4 +125,4 @@ def _backward(ctx, grad_out):
     return grads[: ctx.n_inputs]
 
 
-torch.library.register_autograd(GROUP_NORM, _backward, setup_context=_setup_context)
+register_autograd(GROUP_NORM, _backward, setup_context=_setup_context, defaults=(None, None, DEFAULT_EPS))

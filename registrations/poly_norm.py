@@ -14,7 +14,7 @@ import torch
 
 from csrc_free_ops.poly_norm import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, define, pick
+from registrations._library import Launchers, define, pick, register_autograd
 
 _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.poly_norm"
@@ -49,7 +49,7 @@ def _poly_norm_backward(
 
 
 def _check_backward(grad_out: torch.Tensor, x: torch.Tensor) -> None:
-    if grad_out.shape != x.shape:
+    if tuple(grad_out.shape) != tuple(x.shape):
         raise ValueError(f"{_OP}_backward: grad_out shape {tuple(grad_out.shape)} != x shape {tuple(x.shape)}")
     _checks.check_same_dtype_device(_OP + "_backward", "x", x, "grad_out", grad_out)
 
@@ -77,7 +77,7 @@ def _setup_context(ctx, inputs, output) -> None:
     x, weight, bias, eps = inputs
     ctx.save_for_backward(x, weight)
     ctx.eps = eps
-    ctx.bias_shape = bias.shape
+    ctx.bias_0d = bias.dim() == 0
 
 
 def _backward(ctx, grad_out):
@@ -87,9 +87,9 @@ def _backward(ctx, grad_out):
     return (
         dx if need_x else None,
         dweight if need_w else None,
-        dbias.reshape(ctx.bias_shape) if need_b else None,
+        (dbias.reshape(()) if ctx.bias_0d else dbias) if need_b else None,
         None,
     )
 
 
-torch.library.register_autograd(POLY_NORM, _backward, setup_context=_setup_context)
+register_autograd(POLY_NORM, _backward, setup_context=_setup_context, defaults=(DEFAULT_EPS,))

@@ -26,7 +26,7 @@ import torch
 
 from csrc_free_ops.rope import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, define, pick
+from registrations._library import Launchers, define, pick, register_autograd
 
 _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.rope"
@@ -147,5 +147,5 @@ def _rope_backward_grad(ctx, ddq, ddk):
     return (gq if need_q else None, gk if need_k else None, None, None)
 
 
-torch.library.register_autograd(ROPE, _rope_grad, setup_context=_no_table_grad(_OP))
-torch.library.register_autograd(ROPE_BACKWARD, _rope_backward_grad, setup_context=_no_table_grad(_OP + "_backward"))
+register_autograd(ROPE, _rope_grad, setup_context=_no_table_grad(_OP))
+register_autograd(ROPE_BACKWARD, _rope_backward_grad, setup_context=_no_table_grad(_OP + "_backward"))
