@@ -1,0 +1,9 @@
+"""Benchmark harness and demo for the ``torch.ops.liger`` ops.
+
+Top layer: everything here calls the ops through ``torch.ops.liger`` (after
+importing ``registrations``), never the kernel launchers.  Entry points:
+
+* ``python -m bench.run``            speed / bandwidth / memory records, plots, summary
+* ``python -m bench.host_overhead``  host cost of one tiny forward+backward
+* ``python -m bench.demo``           every op checked against float64 and timed
+"""

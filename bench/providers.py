@@ -1,0 +1,308 @@
+"""Per op and provider: build inputs for one shape and return the callables
+the harness times.
+
+Providers
+    liger         this project, through torch.ops.liger.*
+    torch         eager reference: Motif's PolyNorm, HF's apply_rotary_pos_emb,
+                  torch.nn.functional.group_norm (written out below)
+    compile       torch.compile(reference, dynamic=False), warmed up before timing
+    liger_kernel  upstream Liger-Kernel's autograd.Functions, when importable
+
+Every provider of one op gets the same input values (same seed), in the
+same dtype, on the same device, in the same memory layout (rope: HF's
+(B, T, H, D) storage viewed as (B, H, T, D)).
+
+Upstream specifics that shape the inputs (see bench/NOTES.md):
+* LigerPolyNormFunction returns a 0-dim dbias, so its bias is 0-dim (ours
+  and the references take the (1,) bias of Motif's module); it is called
+  with in_place=True (its module's default), which overwrites the incoming
+  output gradient with dx.
+* LigerRopeFunction rotates q and k in place when they are HF-layout views
+  (and dq, dk in place in backward); the harness tolerates that because only
+  timings, not values, are taken after the first correctness check.
+* LigerGroupNormFunction takes (x, weight, bias, num_channels, num_groups, eps)
+  and needs both weight and bias.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench import shapes
+
+PROVIDERS = ("liger", "torch", "compile", "liger_kernel")
+
+POLY_NORM_EPS = 1e-6
+GROUP_NORM_EPS = 1e-5
+ROPE_BASE = 10000.0
+
+
+class ProviderUnavailable(RuntimeError):
+    """The provider cannot run here (not installed, unsupported shape, ...)."""
+
+
+def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+@dataclass
+class Built:
+    """One provider at one shape: ``fn(*args)`` is the forward; gradients are
+    taken with respect to ``grad_inputs`` against fixed ``grad_outputs``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    grad_inputs: tuple[torch.Tensor, ...]
+    grad_outputs: tuple[torch.Tensor, ...] = field(default=())
+
+    def forward(self) -> tuple[torch.Tensor, ...]:
+        return _as_tuple(self.fn(*self.args))
+
+    def full(self) -> tuple[torch.Tensor, ...]:
+        """Forward then backward (the graph is freed afterwards)."""
+        outs = self.forward()
+        return torch.autograd.grad(outs, self.grad_inputs, self.grad_outputs)
+
+    def backward_timer(self) -> Callable[[], Any]:
+        """Run the forward once now; the returned callable runs only the
+        backward of that graph (retain_graph=True so it can repeat)."""
+        outs = self.forward()
+        grad_inputs, grad_outputs = self.grad_inputs, self.grad_outputs
+
+        def backward() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(outs, grad_inputs, grad_outputs, retain_graph=True)
+
+        return backward
+
+    def prepare(self, seed: int = 1) -> None:
+        """Make the output gradients (in each output's layout) and warm up
+        forward and backward (compiles, autotunes) outside any timing."""
+        outs = self.forward()
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        if outs[0].is_cuda:
+            torch.cuda.manual_seed(seed)
+        self.grad_outputs = tuple(torch.randn_like(o).detach() for o in outs)
+        torch.random.set_rng_state(gen_state)
+        del outs
+        self.full()
+
+
+# --------------------------------------------------------------------------
+# References (eager, plain torch ops)
+
+
+def motif_poly_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = POLY_NORM_EPS):
+    """Motif-2.6B's PolyNorm.forward in plain torch ops, in x's dtype."""
+
+    def norm(u: torch.Tensor) -> torch.Tensor:
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
+
+    return weight[0] * norm(x**3) + weight[1] * norm(x**2) + weight[2] * norm(x) + bias
+
+
+def hf_rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def hf_apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """HF transformers' apply_rotary_pos_emb with unsqueeze_dim=1."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    return q * cos + hf_rotate_half(q) * sin, k * cos + hf_rotate_half(k) * sin
+
+
+def torch_group_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int):
+    return F.group_norm(x, num_groups, weight, bias, GROUP_NORM_EPS)
+
+
+# --------------------------------------------------------------------------
+# Inputs
+
+
+def _dtype(shape: dict[str, Any]) -> torch.dtype:
+    return getattr(torch, shape["dtype"])
+
+
+def _generator(device: str, seed: int = 0) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def poly_norm_inputs(shape: dict[str, Any], device: str, scalar_bias: bool = False):
+    dt, g = _dtype(shape), _generator(device)
+    x = torch.randn(shape["M"], shape["H"], device=device, dtype=torch.float32, generator=g).to(dt)
+    weight = torch.tensor([0.5, 0.3, 0.2], device=device, dtype=dt)
+    bias = torch.tensor(0.1 if scalar_bias else [0.1], device=device, dtype=dt)
+    for t in (x, weight, bias):
+        t.requires_grad_(True)
+    return x, weight, bias
+
+
+def rope_tables(t: int, d: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's (1, T, D) cos and sin tables (positions 0..T-1, duplicated halves)."""
+    inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+    freqs = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)[None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope_inputs(shape: dict[str, Any], device: str):
+    """q (B, Hq, T, D) and k (B, Hkv, T, D) as views of HF's (B, T, H, D)
+    storage, requiring grad; cos, sin (1, T, D)."""
+    dt, g = _dtype(shape), _generator(device)
+    b, t, d = shape["B"], shape["T"], shape["head_dim"]
+    q_store = torch.randn(b, t, shape["n_q_heads"], d, device=device, generator=g).to(dt).requires_grad_(True)
+    k_store = torch.randn(b, t, shape["n_kv_heads"], d, device=device, generator=g).to(dt).requires_grad_(True)
+    cos, sin = rope_tables(t, d, device, dt)
+    return q_store.transpose(1, 2), k_store.transpose(1, 2), cos, sin
+
+
+def group_norm_inputs(shape: dict[str, Any], device: str):
+    dt, g = _dtype(shape), _generator(device)
+    c = shape["C"]
+    x = torch.randn(shape["M"], c, shape["H"], device=device, generator=g).to(dt)
+    weight = (1.0 + 0.1 * torch.randn(c, device=device, generator=g)).to(dt)
+    bias = (0.1 * torch.randn(c, device=device, generator=g)).to(dt)
+    for t in (x, weight, bias):
+        t.requires_grad_(True)
+    return x, weight, bias
+
+
+# --------------------------------------------------------------------------
+# Providers
+
+
+@functools.cache
+def _liger_ops() -> None:
+    import registrations  # noqa: F401  (defines torch.ops.liger.*)
+
+
+@functools.cache
+def _upstream() -> Any:
+    try:
+        import liger_kernel.ops as ops
+    except Exception as e:  # ImportError, or a triton/torch mismatch inside it
+        raise ProviderUnavailable(f"liger_kernel not importable: {type(e).__name__}: {e}") from None
+    return ops
+
+
+def upstream_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("liger_kernel")
+    except Exception:
+        return None
+
+
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # dynamic=False specialises on every shape; reset so the recompile limit
+    # never silently drops a shape back to eager.
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
+def retained_backward_context(provider: str) -> Any:
+    """For compile: donated buffers off, both while compiling and while the
+    backward runs.  AOTAutograd's donated buffers (on by default) forbid
+    retain_graph=True, which the backward-only timing needs, and the check
+    reads the config at every backward.  The harness builds a second
+    compile-provider instance under this for the backward mode; forward and
+    full keep the default (donating) compile."""
+    cfg = torch._functorch.config
+    if provider == "compile" and hasattr(cfg, "donated_buffer"):
+        return cfg.patch(donated_buffer=False)
+    return contextlib.nullcontext()
+
+
+def _build_poly_norm(provider: str, shape: dict[str, Any], device: str) -> Built:
+    if provider == "liger_kernel":
+        fn_cls = _upstream().LigerPolyNormFunction
+        x, w, b = poly_norm_inputs(shape, device, scalar_bias=True)
+        return Built(lambda x, w, b: fn_cls.apply(x, w, b, POLY_NORM_EPS, True), (x, w, b), (x, w, b))
+    x, w, b = poly_norm_inputs(shape, device)
+    if provider == "liger":
+        _liger_ops()
+        fn = lambda x, w, b: torch.ops.liger.poly_norm(x, w, b, POLY_NORM_EPS)
+    elif provider == "torch":
+        fn = motif_poly_norm
+    elif provider == "compile":
+        fn = _compiled(motif_poly_norm)
+    else:
+        raise ValueError(provider)
+    return Built(fn, (x, w, b), (x, w, b))
+
+
+def _build_rope(provider: str, shape: dict[str, Any], device: str) -> Built:
+    q, k, cos, sin = rope_inputs(shape, device)
+    if provider == "liger":
+        _liger_ops()
+        fn = torch.ops.liger.rope
+    elif provider == "torch":
+        fn = hf_apply_rotary_pos_emb
+    elif provider == "compile":
+        fn = _compiled(hf_apply_rotary_pos_emb)
+    elif provider == "liger_kernel":
+        fn_cls = _upstream().LigerRopeFunction
+        fn = lambda q, k, cos, sin: fn_cls.apply(q, k, cos, sin)
+    else:
+        raise ValueError(provider)
+    return Built(fn, (q, k, cos, sin), (q, k))
+
+
+def _build_group_norm(provider: str, shape: dict[str, Any], device: str) -> Built:
+    x, w, b = group_norm_inputs(shape, device)
+    groups = shapes.num_groups(shape)
+    if provider == "liger":
+        _liger_ops()
+        fn = lambda x, w, b: torch.ops.liger.group_norm(x, groups, w, b, GROUP_NORM_EPS)
+    elif provider == "torch":
+        fn = lambda x, w, b: torch_group_norm(x, w, b, groups)
+    elif provider == "compile":
+        compiled = _compiled(torch_group_norm)
+        fn = lambda x, w, b: compiled(x, w, b, groups)
+    elif provider == "liger_kernel":
+        fn_cls = _upstream().LigerGroupNormFunction
+        c = shape["C"]
+        fn = lambda x, w, b: fn_cls.apply(x, w, b, c, groups, GROUP_NORM_EPS)
+    else:
+        raise ValueError(provider)
+    return Built(fn, (x, w, b), (x, w, b))
+
+
+_BUILDERS = {"poly_norm": _build_poly_norm, "rope": _build_rope, "group_norm": _build_group_norm}
+
+
+def build(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:
+    """Inputs and callables of ``provider`` for ``op`` at ``shape`` (not yet warmed up)."""
+    if provider not in PROVIDERS:
+        raise ValueError(f"unknown provider {provider!r}; choose from {', '.join(PROVIDERS)}")
+    return _BUILDERS[op](provider, shape, device)
+
+
+def rel_error(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor]) -> float:
+    """Largest max|out - ref| / max|ref| over the outputs (float32 math)."""
+    worst = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        o32, r32 = o.detach().float(), r.detach().float()
+        if o32.shape != r32.shape:
+            return float("inf")
+        scale = r32.abs().max().item() or 1.0
+        err = (o32 - r32).abs().max().item() / scale
+        if not math.isfinite(err):
+            return float("inf")
+        worst = max(worst, err)
+    return worst
+
+
+# Warn when a provider's forward is further than this from the torch provider's.
+CHECK_TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}

@@ -1,0 +1,86 @@
+"""The benchmark harness and the demo, smoke-run on CPU (Triton interpreter)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import bytes as nbytes
+from bench import demo, run, shapes
+
+RECORD_KEYS = set(run.RECORD_FIELDS)
+
+
+def test_min_bytes_formulas():
+    assert nbytes.min_bytes("poly_norm", {"M": 2, "H": 8, "dtype": "bfloat16"}, "forward") == 2 * 16 * 2
+    assert nbytes.min_bytes("poly_norm", {"M": 2, "H": 8, "dtype": "bfloat16"}, "full") == 5 * 16 * 2
+    rope = {"B": 1, "T": 4, "n_q_heads": 2, "n_kv_heads": 1, "head_dim": 8, "dtype": "float32"}
+    assert nbytes.min_bytes("rope", rope, "backward") == (2 * 4 * 3 * 8 + 2 * 4 * 8) * 4
+    gn = {"M": 2, "C": 8, "H": 4, "num_groups": 2, "dtype": "float32"}
+    assert nbytes.min_bytes("group_norm", gn, "full") == 5 * 64 * 4 + 5 * 8 * 4
+
+
+def test_shape_sets():
+    for op in shapes.OPS:
+        for set_name in ("seeds", "large"):
+            for sweep in shapes.sweeps(op, set_name):
+                assert sweep.x_values and sweep.x_name and sweep.x_label
+                quick = shapes.sweeps(op, set_name, quick=True)
+                assert all(len(s.x_values) <= 3 for s in quick)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU smoke run; the GPU run is python -m bench.run")
+def test_harness_cpu_smoke(tmp_path, capsys):
+    rc = run.main(
+        ["--device", "cpu", "--sets", "tiny", "--providers", "liger,torch", "--rep", "1", "--out", str(tmp_path)]
+    )
+    assert rc == 0
+    for op in shapes.OPS:
+        records = json.loads((tmp_path / f"{op}.json").read_text())
+        assert records, op
+        for r in records:
+            assert set(r) == RECORD_KEYS
+            assert r["kernel_name"] == op
+            assert r["kernel_provider"] in ("liger", "torch")
+            assert r["metric_name"] in ("speed", "bandwidth")  # no memory records off CUDA
+            assert r["metric_unit"] == run.METRIC_UNITS[r["metric_name"]]
+            assert r["kernel_operation_mode"] in nbytes.MODES
+            assert len(r["x_values"]) == len(r["y_values_50"]) == len(r["y_values_20"]) == len(r["y_values_80"])
+            assert json.loads(r["extra_benchmark_config_str"])["set"] == "tiny"
+        got = {(r["kernel_provider"], r["kernel_operation_mode"], r["metric_name"]) for r in records}
+        assert len(got) == 2 * 3 * 2, got  # every provider, mode and metric measured
+        assert json.loads((tmp_path / f"{op}_skips.json").read_text()) == []
+        assert (tmp_path / f"{op}_tiny.png").stat().st_size > 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| poly_norm | tiny |" in summary and "| group_norm | tiny |" in summary
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_summary_only_rebuilds(tmp_path):
+    record = {
+        "kernel_name": "poly_norm",
+        "kernel_provider": "liger",
+        "metric_name": "speed",
+        "metric_unit": "ms",
+        "gpu_name": "x",
+        "x_name": "H",
+        "x_label": "hidden size",
+        "x_values": [256],
+        "y_values_50": [1.0],
+        "y_values_20": [0.9],
+        "y_values_80": [1.1],
+        "timestamp": "t",
+        "kernel_operation_mode": "forward",
+        "extra_benchmark_config_str": json.dumps({"M": 2048, "dtype": "bfloat16", "set": "seeds"}),
+        "liger_version": "0",
+    }
+    (tmp_path / "poly_norm.json").write_text(json.dumps([record, {**record, "kernel_provider": "torch"}]))
+    assert run.main(["--summary-only", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert "| poly_norm | seeds | H=256 bfloat16 | forward | 1 | 1 |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA demo is the nox demo session's job")
+def test_demo_cpu():
+    assert demo.main([]) == 0
