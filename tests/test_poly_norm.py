@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from csrc_free_ops import device
 from csrc_free_ops.poly_norm import cuda, reference
 from tests.helpers import DEVICE, FLOAT_DTYPES, assert_close_to_ref
 
@@ -105,7 +106,7 @@ def test_backward_is_bitwise_deterministic(n_cols):
 
 def test_weight_gradient_sums_over_all_rows():
     """More rows than backward programs: every row's contribution lands."""
-    rows = 3 * 4 * 4 + 5  # CPU_PROGRAMS * BWD_PROGRAMS_PER_SM rows and more
+    rows = 2 * device.num_sms(torch.device(DEVICE)) * cuda.BWD_PROGRAMS_PER_SM + 5
     x = torch.randn(rows, 16, device=DEVICE, dtype=torch.float32)
     weight, bias = make_params(torch.float32)
     dy = torch.randn_like(x)

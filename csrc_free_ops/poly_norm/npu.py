@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from csrc_free_ops import device
-from csrc_free_ops.poly_norm import row_math
+from csrc_free_ops.poly_norm import param_grads, row_math
 
 SMALL_ROW_MAX_COLS = 2048
 MAX_BLOCK_M = 64
@@ -250,8 +250,11 @@ def backward(
     n_rows = x2d.shape[0]
     dx = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
-        zeros = torch.zeros(4, dtype=weight.dtype, device=x.device)
-        return dx.view(x.shape), zeros[:3].clone(), zeros[3:].clone()
+        return (
+            dx.view(x.shape),
+            torch.zeros(3, dtype=weight.dtype, device=x.device),
+            torch.zeros(1, dtype=weight.dtype, device=x.device),
+        )
     small, block_m, block_n, programs = plan(n_rows, n_cols, tile_elements(2, x.element_size(), BWD_FP32_TEMPS))
     partial = torch.empty((programs, 4), dtype=torch.float32, device=x.device)
     args = (
@@ -263,5 +266,5 @@ def backward(
         _bwd_small_kernel[(programs,)](*args, BLOCK_M=block_m, BLOCK_N=block_n)
     else:
         _bwd_large_kernel[(programs,)](*args, BLOCK_N=block_n)
-    sums = partial.sum(0)
-    return dx.view(x.shape), sums[:3].to(weight.dtype, copy=True), sums[3:].to(weight.dtype, copy=True)
+    dweight, dbias = param_grads.reduce(partial, weight.dtype)
+    return dx.view(x.shape), dweight, dbias
