@@ -15,6 +15,8 @@ nox.options.sessions = ["lint", "tests"]
 # kernels on CPU tensors.
 CPU_PINS = ["torch==2.13.0", "triton==3.7.1", "numpy"]
 RUFF = "ruff==0.17.6"
+# The transformers version liger_nn.apply_liger_ops is tested with (the CUDA machine has the same).
+TRANSFORMERS = "transformers==5.17.0"
 
 
 def _has_cuda() -> bool:
@@ -24,7 +26,7 @@ def _has_cuda() -> bool:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The CPU suite: the real Triton kernels under TRITON_INTERPRET=1."""
-    session.install(*CPU_PINS)
+    session.install(*CPU_PINS, TRANSFORMERS)
     session.install("-e", ".[test]")
     session.run("python", "-m", "pytest", "tests", "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
 

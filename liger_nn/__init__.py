@@ -3,7 +3,16 @@ with the signatures of the layers they replace."""
 
 import registrations  # noqa: F401  (defines torch.ops.liger.*)
 from liger_nn.group_norm import GroupNorm
+from liger_nn.patching import LigerPatch, PatchReport, Replacement, apply_liger_ops
 from liger_nn.poly_norm import PolyNorm
 from liger_nn.rope import apply_rotary_pos_emb
 
-__all__ = ["GroupNorm", "PolyNorm", "apply_rotary_pos_emb"]
+__all__ = [
+    "GroupNorm",
+    "LigerPatch",
+    "PatchReport",
+    "PolyNorm",
+    "Replacement",
+    "apply_liger_ops",
+    "apply_rotary_pos_emb",
+]

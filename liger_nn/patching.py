@@ -1,0 +1,427 @@
+"""Swap this project's ops into a loaded model: ``apply_liger_ops(model)``.
+
+What is replaced (each kind can be switched off):
+
+* ``rope``: the module-level ``apply_rotary_pos_emb`` of the transformers
+  modeling modules the model's classes come from, for the Llama-family
+  architectures in ``ROPE_ARCHITECTURES``.  The attention ``forward`` looks
+  that name up in its module's globals on every call, so the swap is
+  **process-wide for that architecture**: every model of the architecture in
+  the process uses the op until the last handle that patched it is removed.
+  transformers (5.17) offers no per-instance hook for this function: its
+  class-level patch mapping acts only while a model is created, and the hub
+  ``kernels`` decorators need the ``kernels`` package and a hub repository.
+* ``group_norm``: every submodule whose class is exactly ``torch.nn.GroupNorm``
+  (subclasses are left alone) becomes a ``liger_nn.GroupNorm`` holding the
+  *same* Parameter objects (an optimizer built earlier keeps working), so
+  ``state_dict`` keys, dtypes and devices are unchanged.  Per model.
+* ``poly_norm``: every submodule whose class name contains ``PolyNorm`` and
+  that has ``weight`` of shape (3,), a one-element ``bias`` and a float
+  ``eps`` becomes a ``liger_nn.PolyNorm`` sharing those parameters.  Per model.
+
+Before anything is swapped, each candidate is checked numerically against its
+original on a tiny float32 CPU input (the rotary function of each modeling
+module, each distinct PolyNorm class); a candidate that disagrees is left
+alone and the report says why.  GroupNorm needs no check: the class is exact.
+
+The returned ``LigerPatch`` reports what was replaced and what was left alone,
+and undoes everything with ``remove()`` or on leaving a ``with`` block.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import inspect
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from liger_nn.group_norm import GroupNorm
+from liger_nn.poly_norm import PolyNorm
+from liger_nn.rope import apply_rotary_pos_emb as _liger_apply_rotary_pos_emb
+
+# transformers model types (the ``models/<name>/modeling_<name>.py`` modules)
+# whose apply_rotary_pos_emb is HF's rotate_half formula; the patch-time check
+# confirms it against the installed version before swapping.
+ROPE_ARCHITECTURES: tuple[str, ...] = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "granite",
+)
+
+# The versions the patch is tested with (CI on CPU and the CUDA machine).
+TESTED_TRANSFORMERS_VERSIONS: tuple[str, ...] = ("5.17.0",)
+
+_ROPE_NAME = "apply_rotary_pos_emb"
+_MODELS_PREFIX = "transformers.models."
+# Float32 agreement the patch-time checks demand (fp32 kernel vs fp32 torch).
+_CHECK_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One thing the patch looked at.
+
+    kind: "rope", "group_norm" or "poly_norm".  target: the qualified submodule
+    name in the model ("" for the root), or for rope the Python module whose
+    function was swapped.  detail: what it was, or why it was left alone."""
+
+    kind: str
+    target: str
+    detail: str
+
+
+@dataclass
+class PatchReport:
+    replaced: list[Replacement] = field(default_factory=list)
+    left_alone: list[Replacement] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(r.kind == kind for r in self.replaced)
+
+    @property
+    def rope_modules(self) -> list[str]:
+        """The transformers modeling modules whose rotary function is patched."""
+        return [r.target for r in self.replaced if r.kind == "rope"]
+
+    def __str__(self) -> str:
+        lines = [f"replaced {len(self.replaced)}:"]
+        lines += [f"  {r.kind:10s} {r.target or '<root>'}: {r.detail}" for r in self.replaced]
+        lines.append(f"left alone {len(self.left_alone)}:")
+        lines += [f"  {r.kind:10s} {r.target or '<root>'}: {r.detail}" for r in self.left_alone]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# rope: process-wide swap of a modeling module's apply_rotary_pos_emb,
+# reference-counted so that several patched models share one swap.
+
+
+@dataclass
+class _RopeSwap:
+    original: Callable
+    replacement: Callable
+    holders: int = 0
+
+
+_ROPE_SWAPS: dict[str, _RopeSwap] = {}
+_ROPE_LOCK = threading.Lock()
+
+
+def _make_hf_rope(original: Callable) -> Callable:
+    """A function with the original's signature, q, k, cos, sin[, position_ids],
+    unsqueeze_dim=1, that runs torch.ops.liger.rope.  cos/sin are cast to q's
+    dtype (HF would type-promote instead, e.g. float32 tables with bf16 q
+    under autocast); the op needs one dtype."""
+    params = list(inspect.signature(original).parameters)
+    if params == ["q", "k", "cos", "sin", "unsqueeze_dim"]:
+
+        def liger_rope(q, k, cos, sin, unsqueeze_dim=1):
+            return _liger_apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype), unsqueeze_dim=unsqueeze_dim)
+
+    elif params == ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"]:
+
+        def liger_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            return _liger_apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype), unsqueeze_dim=unsqueeze_dim)
+
+    else:
+        raise _Skip(f"unknown signature {tuple(params)}")
+    functools.update_wrapper(liger_rope, original)
+    del liger_rope.__wrapped__  # not a wrapper: inspect/dynamo must not look through it
+    liger_rope.__liger_original__ = original
+    return liger_rope
+
+
+class _Skip(Exception):
+    """A candidate left alone; the message says why."""
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.detach().double(), b.detach().double()
+    if a.shape != b.shape or not torch.isfinite(a).all() or not torch.isfinite(b).all():
+        return False
+    return bool((a - b).norm() <= _CHECK_RTOL * b.norm())
+
+
+def _check_rope(original: Callable, replacement: Callable) -> None:
+    """Both functions on tiny float32 CPU inputs, (B, H, S, D) with full-width
+    (B, S, D) tables and (B, S, H, D) with unsqueeze_dim=2."""
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=gen)
+    cos, sin = rand(2, 5, 8), rand(2, 5, 8)
+    q, k = rand(2, 3, 5, 8), rand(2, 1, 5, 8)
+    cases = [((q, k, cos, sin), {}), ((q.transpose(1, 2), k.transpose(1, 2), cos, sin), {"unsqueeze_dim": 2})]
+    for args, kwargs in cases:
+        try:
+            expected = original(*args, **kwargs)
+            got = replacement(*args, **kwargs)
+        except Exception as exc:  # the original may not support a layout; that is a mismatch too
+            raise _Skip(f"patch-time check raised {type(exc).__name__}: {exc}") from None
+        if not all(_close(g, e) for g, e in zip(got, expected, strict=True)):
+            raise _Skip("patch-time check: the op's output differs from the original function's")
+
+
+def _acquire_rope(module_name: str) -> str:
+    """Swap module_name's apply_rotary_pos_emb (or join an existing swap); returns a description."""
+    with _ROPE_LOCK:
+        swap = _ROPE_SWAPS.get(module_name)
+        module = sys.modules[module_name]
+        if swap is None:
+            original = getattr(module, _ROPE_NAME)
+            replacement = _make_hf_rope(original)
+            _check_rope(original, replacement)
+            swap = _ROPE_SWAPS[module_name] = _RopeSwap(original, replacement)
+            setattr(module, _ROPE_NAME, replacement)
+        elif getattr(module, _ROPE_NAME) is not swap.replacement:
+            raise _Skip(f"{module_name}.{_ROPE_NAME} was replaced by someone else after this library patched it")
+        swap.holders += 1
+        return f"{_ROPE_NAME} -> torch.ops.liger.rope (process-wide, {swap.holders} holder(s))"
+
+
+def _release_rope(module_name: str) -> None:
+    with _ROPE_LOCK:
+        swap = _ROPE_SWAPS[module_name]
+        swap.holders -= 1
+        if swap.holders > 0:
+            return
+        del _ROPE_SWAPS[module_name]
+        module = sys.modules[module_name]
+        if getattr(module, _ROPE_NAME) is swap.replacement:
+            setattr(module, _ROPE_NAME, swap.original)
+        else:
+            warnings.warn(
+                f"{module_name}.{_ROPE_NAME} was replaced by someone else after liger_nn patched it; "
+                "leaving their function in place",
+                stacklevel=3,
+            )
+
+
+def rope_patched_modules() -> dict[str, int]:
+    """The modeling modules whose rotary function is swapped now, with their holder counts."""
+    with _ROPE_LOCK:
+        return {name: swap.holders for name, swap in _ROPE_SWAPS.items()}
+
+
+def _modeling_modules(model: nn.Module) -> list[str]:
+    """The transformers modeling modules that define the model's classes, in first-seen order."""
+    seen: dict[str, None] = {}
+    for module in model.modules():
+        name = type(module).__module__
+        if name.startswith(_MODELS_PREFIX) and name.rsplit(".", 1)[-1].startswith("modeling_"):
+            seen.setdefault(name, None)
+    return list(seen)
+
+
+def _arch_of(module_name: str) -> str:
+    # transformers.models.<arch>.modeling_<arch>
+    return module_name[len(_MODELS_PREFIX) :].split(".", 1)[0]
+
+
+# ---------------------------------------------------------------------------
+# Module swaps (per model).
+
+
+def _set_submodule(root: nn.Module, qualname: str, new: nn.Module) -> None:
+    parent_name, _, child = qualname.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
+
+
+def _liger_group_norm(old: nn.GroupNorm) -> GroupNorm:
+    new = GroupNorm(old.num_groups, old.num_channels, old.eps, old.affine, device="meta", bias=old.bias is not None)
+    # Hand over the Parameter objects themselves (None stays None).
+    new.weight = old.weight
+    new.bias = old.bias
+    new.train(old.training)
+    return new
+
+
+def _is_poly_norm(module: nn.Module) -> bool:
+    weight, bias, eps = (getattr(module, name, None) for name in ("weight", "bias", "eps"))
+    return (
+        "PolyNorm" in type(module).__name__
+        and isinstance(weight, torch.Tensor)
+        and tuple(weight.shape) == (3,)
+        and isinstance(bias, torch.Tensor)
+        and bias.numel() == 1
+        and bias.dim() <= 1
+        and isinstance(eps, float)
+    )
+
+
+def _liger_poly_norm(old: nn.Module) -> PolyNorm:
+    new = PolyNorm(eps=old.eps)
+    new.weight = old.weight
+    new.bias = old.bias
+    new.train(old.training)
+    return new
+
+
+def _check_poly_norm(old: nn.Module) -> None:
+    """The original class and liger's PolyNorm agree on a float32 CPU input."""
+    ref = copy.deepcopy(old).to("cpu", torch.float32)
+    new = _liger_poly_norm(ref)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        try:
+            expected = ref(x)
+        except Exception as exc:
+            raise _Skip(f"patch-time check raised {type(exc).__name__}: {exc}") from None
+        if not _close(new(x), expected):
+            raise _Skip("patch-time check: liger PolyNorm's output differs from this class's")
+
+
+@dataclass
+class _ModuleSwap:
+    qualname: str
+    original: nn.Module
+    replacement: nn.Module
+
+
+class LigerPatch:
+    """The handle apply_liger_ops returns: ``report``, ``remove()``, and a
+    context manager that removes the patch on exit."""
+
+    def __init__(self, model: nn.Module, report: PatchReport) -> None:
+        self.model = model
+        self.report = report
+        self._module_swaps: list[_ModuleSwap] = []
+        self._rope_modules: list[str] = []
+        self._active = True
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def remove(self) -> None:
+        """Put the original modules back (with the parameters the replacements
+        hold now) and release this patch's share of the rotary swaps.  Idempotent."""
+        if not self._active:
+            return
+        self._active = False
+        for swap in reversed(self._module_swaps):
+            for name, param in swap.replacement.named_parameters(recurse=False):
+                setattr(swap.original, name, param)
+            swap.original.train(swap.replacement.training)
+            _set_submodule(self.model, swap.qualname, swap.original)
+        for module_name in self._rope_modules:
+            _release_rope(module_name)
+
+    def __enter__(self) -> LigerPatch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else "removed"
+        return f"LigerPatch({state}, {len(self.report.replaced)} replaced, {len(self.report.left_alone)} left alone)"
+
+
+def apply_liger_ops(
+    model: nn.Module,
+    *,
+    rope: bool = True,
+    group_norm: bool = True,
+    poly_norm: bool = True,
+    rope_architectures: Iterable[str] = ROPE_ARCHITECTURES,
+) -> LigerPatch:
+    """Swap torch.ops.liger into ``model`` (see the module docstring for what and
+    how).  Returns a LigerPatch whose ``report`` lists each replacement and each
+    candidate left alone; ``remove()`` (or ``with apply_liger_ops(m):``) undoes it.
+
+    Patch before ``torch.compile`` and before wrapping the model (DDP/FSDP):
+    module swaps change the module tree.  The rotary swap covers every model of
+    a patched architecture in the process (including copies made later)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply_liger_ops expects an nn.Module, got {type(model).__name__}")
+    report = PatchReport()
+    handle = LigerPatch(model, report)
+    rope_architectures = frozenset(rope_architectures)
+    try:
+        if rope:
+            _patch_rope(model, rope_architectures, handle)
+        if group_norm or poly_norm:
+            _patch_modules(model, group_norm, poly_norm, handle)
+    except BaseException:
+        handle.remove()
+        raise
+    return handle
+
+
+def _patch_rope(model: nn.Module, architectures: frozenset[str], handle: LigerPatch) -> None:
+    report = handle.report
+    for module_name in _modeling_modules(model):
+        module: ModuleType = importlib.import_module(module_name)
+        if not callable(getattr(module, _ROPE_NAME, None)):
+            continue
+        arch = _arch_of(module_name)
+        if arch not in architectures:
+            report.left_alone.append(
+                Replacement("rope", module_name, f"architecture {arch!r} is not in the rotary allow-list")
+            )
+            continue
+        try:
+            detail = _acquire_rope(module_name)
+        except _Skip as why:
+            report.left_alone.append(Replacement("rope", module_name, str(why)))
+            continue
+        handle._rope_modules.append(module_name)
+        report.replaced.append(Replacement("rope", module_name, detail))
+
+
+def _patch_modules(model: nn.Module, group_norm: bool, poly_norm: bool, handle: LigerPatch) -> None:
+    report = handle.report
+    checked_poly_classes: dict[type, str | None] = {}  # class -> reason it failed the check, or None
+    swaps: list[tuple[str, nn.Module, nn.Module, Replacement]] = []
+    for qualname, module in model.named_modules():
+        if isinstance(module, (GroupNorm, PolyNorm)):
+            continue
+        if group_norm and isinstance(module, nn.GroupNorm):
+            if type(module) is not nn.GroupNorm:
+                report.left_alone.append(
+                    Replacement("group_norm", qualname, f"{type(module).__qualname__} subclasses nn.GroupNorm")
+                )
+                continue
+            new = _liger_group_norm(module)
+            swaps.append((qualname, module, new, Replacement("group_norm", qualname, f"nn.{module!r}")))
+        elif poly_norm and "PolyNorm" in type(module).__name__:
+            cls = type(module)
+            if not _is_poly_norm(module):
+                reason = "no weight (3,), one-element bias and float eps"
+            else:
+                if cls not in checked_poly_classes:
+                    try:
+                        _check_poly_norm(module)
+                        checked_poly_classes[cls] = None
+                    except _Skip as why:
+                        checked_poly_classes[cls] = str(why)
+                reason = checked_poly_classes[cls]
+            if reason is not None:
+                report.left_alone.append(Replacement("poly_norm", qualname, f"{cls.__qualname__}: {reason}"))
+                continue
+            new = _liger_poly_norm(module)
+            swaps.append((qualname, module, new, Replacement("poly_norm", qualname, f"{cls.__qualname__}")))
+    # Swap after the walk (named_modules must not see the tree change under it).
+    for qualname, old, new, what in swaps:
+        if qualname == "":
+            report.left_alone.append(Replacement(what.kind, "", "the model itself cannot be swapped in place"))
+            continue
+        _set_submodule(model, qualname, new)
+        handle._module_swaps.append(_ModuleSwap(qualname, old, new))
+        report.replaced.append(what)
