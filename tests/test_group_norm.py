@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csrc_free_ops.group_norm import cuda, reference
+from csrc_free_ops.group_norm import cuda, launch, reference
 from tests.helpers import DEVICE, FLOAT_DTYPES, assert_close_to_ref
 
 AFFINE = ("both", "weight", "bias", "none")
@@ -156,6 +156,66 @@ def test_reference_matches_torch_group_norm_in_float64():
         reference.backward(dy, x.detach(), 3, weight.detach(), bias.detach(), 1e-5), expected, strict=True
     ):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def poison_allocations(monkeypatch) -> None:
+    """Every floating-point torch.empty / torch.empty_like from here on comes
+    back NaN-filled: an output element no kernel writes stays NaN."""
+
+    def poisoned(make):
+        def alloc(*args, **kwargs):
+            t = make(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+
+        return alloc
+
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups", "opts", "fused"),
+    [
+        ((2, 6, 5, 7), 3, {}, True),  # one channel block over three groups, merged by the apply / dx programs
+        ((2, 16, 128), 1, {"tile": 8, "target_items": 1}, True),  # a fused merge of several [1, 8] steps
+        ((2, 4, 33, 17), 2, {"tile": 16, "target_items": 64}, False),  # many partials per group: finalize launches
+    ],
+)
+def test_fused_and_finalize_merges_write_every_output(monkeypatch, shape, groups, opts, fused):
+    """Both ways of merging a group's partials, with NaN-poisoned allocations
+    (y, dx, dweight, dbias and the workspace are all torch.empty)."""
+    policy = cuda.CudaPolicy(torch.device(DEVICE), **opts)
+    for backward in (False, True):
+        plan = policy.plan(torch.empty(shape), groups, backward)
+        assert plan.fused == fused
+        if opts and fused:
+            assert policy.finalize_block(plan.segments_per_group, plan.block_c) < plan.segments_per_group
+    x = make_x(shape, torch.float32, offset=2.0)
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    dy = torch.randn_like(x)
+    poison_allocations(monkeypatch)
+    y = cuda.forward(x, groups, weight, bias, 1e-5, **opts)
+    dx, dweight, dbias = cuda.backward(dy, x, groups, weight, bias, 1e-5, **opts)
+    monkeypatch.undo()
+    grads = {"x": dx, "weight": dweight, "bias": dbias}
+    check_against_reference(y, grads, x, groups, weight, bias, dy, 1e-5, torch.float32)
+
+
+def test_repeated_calls_reuse_the_cached_launch_steps(monkeypatch):
+    """The plan, grids and launch keywords are built once per shape / groups /
+    dtype size / parameter set; later calls only allocate and launch."""
+    x = make_x((2, 6, 5, 7), torch.float32)
+    weight, bias = make_params(6, "both", torch.float32)
+    dy = torch.randn_like(x)
+    first = (cuda.forward(x, 3, weight, bias, 1e-5), *cuda.backward(dy, x, 3, weight, bias, 1e-5))
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("planned again for a cached shape")
+
+    monkeypatch.setattr(launch, "_build", no_planning)
+    second = (cuda.forward(x, 3, weight, bias, 1e-5), *cuda.backward(dy, x, 3, weight, bias, 1e-5))
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("target_items", [None, 64])

@@ -15,7 +15,14 @@ from csrc_free_ops import device
 from csrc_free_ops.group_norm import npu
 from tests.helpers import FLOAT_DTYPES
 from tests.privateuse1_backend import run_scenario
-from tests.test_group_norm import AFFINE, check_against_reference, group_norm_cases, make_params, reference_grads
+from tests.test_group_norm import (
+    AFFINE,
+    check_against_reference,
+    group_norm_cases,
+    make_params,
+    poison_allocations,
+    reference_grads,
+)
 
 # (profile, UB override, vector-core override): real chips, and a UB so
 # small that every loop runs several steps (tiles of 2-4 elements, groups
@@ -90,6 +97,35 @@ def test_tiny_ub_plans_every_multi_step_path(monkeypatch):
         assert policy.finalize_block(plan.segments_per_group) < plan.segments_per_group
     block_r, _ = policy.reduce_blocks(plan.part_rows, plan.c)
     assert block_r < plan.part_rows
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "cores", "fused"),
+    [((1, 8, 100), 1, True), (MULTI_STEP_SHAPE, TINY_CORES, False)],
+    ids=["fused-multi-step-merge", "finalize-launch"],
+)
+def test_npu_fused_and_finalize_merges_write_every_output(monkeypatch, dtype, shape, cores, fused):
+    """Under the tiny UB: a group merged by the apply / dx programs themselves
+    in several steps, and one merged by finalize launches; all allocations
+    NaN-poisoned."""
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(TINY_UB))
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(cores))
+    policy = npu.NpuPolicy()
+    x = torch.randn(shape, dtype=dtype)
+    for backward in (False, True):
+        plan = policy.plan(x, 1, backward)
+        assert plan.fused == fused
+        if fused:
+            assert policy.finalize_block(plan.segments_per_group, plan.block_c) < plan.segments_per_group
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    dy = torch.randn_like(x)
+    poison_allocations(monkeypatch)
+    y = npu.forward(x, 1, weight, bias, 1e-5)
+    dx, dweight, dbias = npu.backward(dy, x, 1, weight, bias, 1e-5)
+    monkeypatch.undo()
+    grads = {"x": dx, "weight": dweight, "bias": dbias}
+    check_against_reference(y, grads, x, 1, weight, bias, dy, 1e-5, dtype)
 
 
 def test_default_profile_plans_single_tile_groups(monkeypatch):

@@ -10,12 +10,13 @@ and a grid capped at a few programs per SM, walking the rest with a stride.
 
 from __future__ import annotations
 
+import functools
+
 import torch
-import triton
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan
+from csrc_free_ops.group_norm.plan import Plan, make_plan, next_pow2, spatial_size
 
 # Elements of one [block_c, block_hw] tile: the forward keeps two float32
 # accumulators per element, the backward four, so it takes half the tile.
@@ -33,14 +34,25 @@ REDUCE_BLOCK_C = 128
 
 
 class CudaPolicy:
-    def __init__(self, dev: torch.device, tile: int | None = None, target_items: int | None = None):
-        self._sms = device.num_sms(dev)
+    def __init__(
+        self,
+        dev: torch.device | None,
+        tile: int | None = None,
+        target_items: int | None = None,
+        *,
+        sms: int | None = None,
+    ):
+        self._sms = sms if sms is not None else device.num_sms(dev)
         self._tile = tile
         self._target = target_items if target_items is not None else self._sms * ITEMS_PER_SM
+        self.key = ("cuda", self._sms, tile, self._target)
 
     def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan:
+        return self.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
+
+    def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan:
         tile = self._tile or (BWD_TILE if backward else FWD_TILE)
-        return make_plan(tuple(x.shape), groups, tile=tile, max_block_hw=MAX_BLOCK_HW, target_items=self._target)
+        return make_plan((n, c, hw), groups, tile=tile, max_block_hw=MAX_BLOCK_HW, target_items=self._target)
 
     def grid(self, work: int) -> int:
         return max(1, min(work, self._sms * PROGRAMS_PER_SM))
@@ -48,13 +60,18 @@ class CudaPolicy:
     def options(self, elements: int) -> dict:
         return {"num_warps": max(1, min(8, elements // 256))}
 
-    def finalize_block(self, seg_per_group: int) -> int:
-        return min(triton.next_power_of_2(seg_per_group), self._tile or FINALIZE_BLOCK)
+    def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
+        return min(next_pow2(seg_per_group), max(1, (self._tile or FINALIZE_BLOCK) // block_c))
 
     def reduce_blocks(self, part_rows: int, c: int) -> launch.Blocks:
-        block_c = min(triton.next_power_of_2(c), REDUCE_BLOCK_C)
+        block_c = min(next_pow2(c), REDUCE_BLOCK_C)
         tile = self._tile or REDUCE_TILE
-        return max(1, min(triton.next_power_of_2(part_rows), tile // block_c)), block_c
+        return max(1, min(next_pow2(part_rows), tile // block_c)), block_c
+
+
+@functools.lru_cache(maxsize=64)
+def _policy(sms: int, tile: int | None, target_items: int | None) -> CudaPolicy:
+    return CudaPolicy(None, tile, target_items, sms=sms)
 
 
 def forward(
@@ -69,7 +86,7 @@ def forward(
 ) -> torch.Tensor:
     """tile / target_items override the policy (tests use them to force the
     multi-block and split paths on small shapes)."""
-    return launch.forward(x, num_groups, weight, bias, eps, CudaPolicy(x.device, tile, target_items))
+    return launch.forward(x, num_groups, weight, bias, eps, _policy(device.num_sms(x.device), tile, target_items))
 
 
 def backward(
@@ -84,5 +101,5 @@ def backward(
     target_items: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dweight or None, dbias or None)."""
-    policy = CudaPolicy(x.device, tile, target_items)
+    policy = _policy(device.num_sms(x.device), tile, target_items)
     return launch.backward(grad_out, x, num_groups, weight, bias, eps, policy)

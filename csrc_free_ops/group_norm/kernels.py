@@ -11,23 +11,47 @@ Statistics, all in float32 (see ``plan.py`` for items and segments):
 * a partial pass gives each (sample, channel, segment) its mean and M2 (sum
   of squared deviations).  Sums run on x minus the segment's first element,
   so a large mean does not cancel away the variance;
-* a finalize pass per (sample, group) merges its segments with Chan's
-  formula: mean = sum(cnt_i * mean_i) / L, M2 = sum(M2_i + cnt_i * (mean_i -
-  mean)^2), rstd = rsqrt(M2 / L + eps).
+* the segments of each (sample, group) are merged with Chan's formula:
+  mean = sum(cnt_i * mean_i) / L, M2 = sum(M2_i + cnt_i * (mean_i - mean)^2),
+  rstd = rsqrt(M2 / L + eps).  Either each program of the next pass merges
+  the groups of its own channels (``FUSED``: the partials are few and sit in
+  L2), or a finalize kernel per (sample, group) stores them in STATS.
 
 Backward, with xhat = (x - mean) * rstd and g = dy * w:
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   over the group,
     dweight[c] = sum over (n, spatial) of dy * xhat,  dbias[c] = sum of dy.
 Its partial pass also keeps sum(dy) and sum(dy * (x - mean_i)) per segment;
-the finalize turns them into the group means above and per-segment dweight
-terms, and a reduce kernel sums those over samples and segments in a fixed
-order.  No atomics anywhere: two runs give bitwise-equal results.
+the merge turns them into the group means above, the dx kernel writes each
+of its segments' dweight term, and a reduce kernel sums those over samples
+and segments in a fixed order.  No atomics anywhere: two runs give
+bitwise-equal results.
+
+Kernels take only (N, C, HW, channels per group, chunk) as sizes and derive
+the rest (channel blocks, splits, items, partial counts) in int64: a launch's
+host cost grows with its argument count.  PART is one float32 buffer: NP rows
+of N * splits * C partials (NP = 2 forward, 5 backward), then, when a finalize
+kernel runs, the (N * G)-long STATS rows.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _dims(N, C, hw, chunk, BLOCK_C: tl.constexpr):
+    """int64 channel blocks, splits, work items and partials per PART row."""
+    c_blocks = tl.cast(tl.cdiv(C, BLOCK_C), tl.int64)
+    splits = tl.cast(tl.cdiv(hw, chunk), tl.int64)
+    n_segments = tl.cast(N, tl.int64) * C * splits
+    return c_blocks, splits, tl.cast(N, tl.int64) * c_blocks * splits, n_segments
+
+
+@triton.jit
+def _group_size(cpg, hw):
+    """Elements of one group, as float32."""
+    return (tl.cast(cpg, tl.int64) * hw).to(tl.float32)
 
 
 @triton.jit
@@ -71,46 +95,53 @@ def _shifted_sums(
 
 
 @triton.jit
-def _segments(j0, row, groups, cpg, C, splits, seg_per_group, hw, chunk, BLOCK_P: tl.constexpr):
-    """Partials j0 .. j0 + BLOCK_P of group row (n * G + g): their index in
-    the (N, splits, C) partial layout, mask, channel, and element count."""
-    j = j0 + tl.arange(0, BLOCK_P)
-    s = j // cpg
-    channel = (row % groups) * cpg + j % cpg
-    idx = ((row // groups) * splits + s) * C + channel
-    return idx, j < seg_per_group, channel, _segment_count(s, hw, chunk).to(tl.float32)
-
-
-@triton.jit
-def _group_mean_m2(PART, row, n_segments, groups, cpg, C, splits, seg_per_group, hw, chunk, group_size,
-                   BLOCK_P: tl.constexpr):  # fmt: skip
-    """Chan's merge of a group's segment (mean, M2) partials."""
-    acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+def _group_stats(PART, W, n, cs, c_mask, C, hw, cpg, chunk, splits, n_segments,
+                 BWD: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):  # fmt: skip
+    """Chan's merge, for each channel cs of sample n (int64), of the
+    cpg * splits segment partials of the channel's group, read as a
+    [BLOCK_C, BLOCK_P] tile per step at offsets from the group's first
+    partial.  Returns the group's mean and M2 and, with BWD, sum(w * sum(dy))
+    and sum(w * sum(dy * (x - mean))), each of shape [BLOCK_C]."""
+    seg_per_group = cpg * splits
+    first = (cs // cpg) * cpg  # the group's first channel
+    base = n * splits * C + first
+    size = _group_size(cpg, hw)
+    acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
     for j0 in range(0, seg_per_group, BLOCK_P):
-        idx, mask, _, cnt = _segments(j0, row, groups, cpg, C, splits, seg_per_group, hw, chunk, BLOCK_P)
+        j = j0 + tl.arange(0, BLOCK_P)
+        s = tl.cast(j // cpg, tl.int64)
+        idx = base[:, None] + (s * C + j % cpg)[None, :]
+        mask = c_mask[:, None] & (j < seg_per_group)[None, :]
+        cnt = _segment_count(s, hw, chunk).to(tl.float32)[None, :]
         acc += tl.where(mask, tl.load(PART + idx, mask=mask, other=0.0) * cnt, 0.0)
-    mean = tl.sum(acc) / group_size
-    acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+    mean = tl.sum(acc, 1) / size
+    acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
+    acc_gx = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
     for j0 in range(0, seg_per_group, BLOCK_P):
-        idx, mask, _, cnt = _segments(j0, row, groups, cpg, C, splits, seg_per_group, hw, chunk, BLOCK_P)
-        delta = tl.load(PART + idx, mask=mask, other=0.0) - mean
+        j = j0 + tl.arange(0, BLOCK_P)
+        s = tl.cast(j // cpg, tl.int64)
+        idx = base[:, None] + (s * C + j % cpg)[None, :]
+        mask = c_mask[:, None] & (j < seg_per_group)[None, :]
+        cnt = _segment_count(s, hw, chunk).to(tl.float32)[None, :]
+        delta = tl.load(PART + idx, mask=mask, other=0.0) - mean[:, None]
         m2 = tl.load(PART + n_segments + idx, mask=mask, other=0.0)
         acc += tl.where(mask, m2 + cnt * delta * delta, 0.0)
-    return mean, tl.sum(acc)
+        if BWD:
+            sg = tl.load(PART + 2 * n_segments + idx, mask=mask, other=0.0)
+            sgd = tl.load(PART + 3 * n_segments + idx, mask=mask, other=0.0)
+            w = 1.0
+            if HAS_W:
+                w = tl.load(W + first[:, None] + (j % cpg)[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc_g += w * sg
+            acc_gx += w * (sgd + delta * sg)  # sum(dy * (x - group mean)) over the segment
+    return mean, tl.sum(acc, 1), tl.sum(acc_g, 1), tl.sum(acc_gx, 1)
 
 
 @triton.jit
-def _group_coords(cs, n, cpg, groups):
-    """Row (n * G + g) of the group of each channel in cs."""
-    return n * groups + cs // cpg
-
-
-@triton.jit
-def fwd_partials_kernel(
-    X, PART, C, hw, c_blocks, splits, chunk, n_items, n_segments,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-):  # fmt: skip
+def fwd_partials_kernel(X, PART, N, C, hw, chunk, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """PART[0] = segment mean, PART[1] = segment M2, per (n, c, segment)."""
+    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         n, cb, s = _item_coords(item, c_blocks, splits)
         cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -124,33 +155,46 @@ def fwd_partials_kernel(
 
 
 @triton.jit
-def fwd_finalize_kernel(
-    PART, STATS, n_rows, n_segments, groups, cpg, C, splits, seg_per_group, hw, chunk, group_size, eps,
-    BLOCK_P: tl.constexpr,
-):  # fmt: skip
-    """STATS[0] = mean, STATS[1] = rstd, per (n, g) row."""
+def fwd_finalize_kernel(PART, N, C, hw, cpg, chunk, eps, BLOCK_P: tl.constexpr):
+    """STATS = PART[2:] = mean, rstd per (n, g) row (the unfused path)."""
+    splits = tl.cast(tl.cdiv(hw, chunk), tl.int64)
+    groups = C // cpg
+    n_rows = tl.cast(N, tl.int64) * groups
+    n_segments = n_rows * cpg * splits
+    STATS = PART + 2 * n_segments
+    one = tl.arange(0, 1)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        mean, m2 = _group_mean_m2(
-            PART, row, n_segments, groups, cpg, C, splits, seg_per_group, hw, chunk, group_size, BLOCK_P
+        cs = (row % groups) * cpg + one
+        mean, m2, _, _ = _group_stats(
+            PART, PART, row // groups, cs, cs < C, C, hw, cpg, chunk, splits, n_segments, False, False, 1, BLOCK_P
         )
-        tl.store(STATS + row, mean)
-        tl.store(STATS + n_rows + row, tl.math.rsqrt(m2 / group_size + eps))
+        tl.store(STATS + row + one, mean)
+        tl.store(STATS + n_rows + row + one, tl.math.rsqrt(m2 / _group_size(cpg, hw) + eps))
 
 
 @triton.jit
 def fwd_apply_kernel(
-    X, Y, W, B, STATS, C, hw, cpg, groups, n_rows, c_blocks, splits, chunk, n_items,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    X, Y, W, B, PART, N, C, hw, cpg, chunk, eps,
+    FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
-    """y = (x - mean) * rstd * w + b."""
+    """y = (x - mean) * rstd * w + b; the statistics merged here (FUSED) or read from STATS."""
+    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         n, cb, s = _item_coords(item, c_blocks, splits)
         cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         c_mask = cs < C
-        grp = _group_coords(cs, n, cpg, groups)
-        mean = tl.load(STATS + grp, mask=c_mask, other=0.0)
-        scale = tl.load(STATS + n_rows + grp, mask=c_mask, other=0.0)
+        if FUSED:
+            mean, m2, _, _ = _group_stats(
+                PART, W, n, cs, c_mask, C, hw, cpg, chunk, splits, n_segments, False, False, BLOCK_C, BLOCK_P
+            )
+            scale = tl.math.rsqrt(m2 / _group_size(cpg, hw) + eps)
+        else:
+            n_rows = tl.cast(N, tl.int64) * (C // cpg)
+            grp = n * (C // cpg) + cs // cpg
+            mean = tl.load(PART + 2 * n_segments + grp, mask=c_mask, other=0.0)
+            scale = tl.load(PART + 2 * n_segments + n_rows + grp, mask=c_mask, other=0.0)
         if HAS_W:
             scale = scale * tl.load(W + cs, mask=c_mask, other=0.0).to(tl.float32)
         shift = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -168,11 +212,9 @@ def fwd_apply_kernel(
 
 
 @triton.jit
-def bwd_partials_kernel(
-    X, DY, PART, C, hw, c_blocks, splits, chunk, n_items, n_segments,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-):  # fmt: skip
+def bwd_partials_kernel(X, DY, PART, N, C, hw, chunk, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """PART[0..3] = segment mean, M2, sum(dy), sum(dy * (x - segment mean))."""
+    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         n, cb, s = _item_coords(item, c_blocks, splits)
         cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -189,56 +231,69 @@ def bwd_partials_kernel(
 
 
 @triton.jit
-def bwd_finalize_kernel(
-    PART, W, STATS, n_rows, n_segments, groups, cpg, C, splits, seg_per_group, hw, chunk, group_size, eps,
-    HAS_W: tl.constexpr, BLOCK_P: tl.constexpr,
-):  # fmt: skip
-    """STATS[0..3] = mean, rstd, mean(g), mean(g * xhat) per (n, g) row, and
-    PART[3] overwritten by each segment's dweight term rstd * sum(dy * (x - mean))."""
+def bwd_finalize_kernel(PART, W, N, C, hw, cpg, chunk, eps, HAS_W: tl.constexpr, BLOCK_P: tl.constexpr):
+    """STATS = PART[5:] = mean, rstd, mean(g), mean(g * xhat) per (n, g) row (the unfused path)."""
+    splits = tl.cast(tl.cdiv(hw, chunk), tl.int64)
+    groups = C // cpg
+    n_rows = tl.cast(N, tl.int64) * groups
+    n_segments = n_rows * cpg * splits
+    STATS = PART + 5 * n_segments
+    size = _group_size(cpg, hw)
+    one = tl.arange(0, 1)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        mean, m2 = _group_mean_m2(
-            PART, row, n_segments, groups, cpg, C, splits, seg_per_group, hw, chunk, group_size, BLOCK_P
+        cs = (row % groups) * cpg + one
+        mean, m2, sum_g, sum_gx = _group_stats(
+            PART, W, row // groups, cs, cs < C, C, hw, cpg, chunk, splits, n_segments, True, HAS_W, 1, BLOCK_P
         )
-        rstd = tl.math.rsqrt(m2 / group_size + eps)
-        acc_g = tl.zeros([BLOCK_P], dtype=tl.float32)
-        acc_gx = tl.zeros([BLOCK_P], dtype=tl.float32)
-        for j0 in range(0, seg_per_group, BLOCK_P):
-            idx, mask, channel, _ = _segments(j0, row, groups, cpg, C, splits, seg_per_group, hw, chunk, BLOCK_P)
-            mu = tl.load(PART + idx, mask=mask, other=0.0)
-            sg = tl.load(PART + 2 * n_segments + idx, mask=mask, other=0.0)
-            sgd = tl.load(PART + 3 * n_segments + idx, mask=mask, other=0.0)
-            centered = sgd + (mu - mean) * sg  # sum(dy * (x - group mean)) over the segment
-            w = 1.0
-            if HAS_W:
-                w = tl.load(W + channel, mask=mask, other=0.0).to(tl.float32)
-                tl.store(PART + 3 * n_segments + idx, rstd * centered, mask=mask)
-            acc_g += w * sg
-            acc_gx += w * centered
-        tl.store(STATS + row, mean)
-        tl.store(STATS + n_rows + row, rstd)
-        tl.store(STATS + 2 * n_rows + row, tl.sum(acc_g) / group_size)
-        tl.store(STATS + 3 * n_rows + row, rstd * tl.sum(acc_gx) / group_size)
+        rstd = tl.math.rsqrt(m2 / size + eps)
+        tl.store(STATS + row + one, mean)
+        tl.store(STATS + n_rows + row + one, rstd)
+        tl.store(STATS + 2 * n_rows + row + one, sum_g / size)
+        tl.store(STATS + 3 * n_rows + row + one, rstd * sum_gx / size)
 
 
 @triton.jit
 def bwd_dx_kernel(
-    X, DY, DX, W, STATS, C, hw, cpg, groups, n_rows, c_blocks, splits, chunk, n_items,
-    HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    X, DY, DX, W, PART, N, C, hw, cpg, chunk, eps,
+    FUSED: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
-    """dx = rstd * (dy * w - mean(g) - xhat * mean(g * xhat))."""
+    """dx = rstd * (dy * w - mean(g) - xhat * mean(g * xhat)), the statistics
+    merged here (FUSED) or read from STATS; with HAS_W also PART[4] = each
+    segment's dweight term rstd * sum(dy * (x - mean))."""
+    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         n, cb, s = _item_coords(item, c_blocks, splits)
         cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         c_mask = cs < C
-        grp = _group_coords(cs, n, cpg, groups)
-        mean = tl.load(STATS + grp, mask=c_mask, other=0.0)[:, None]
-        rstd = tl.load(STATS + n_rows + grp, mask=c_mask, other=0.0)[:, None]
-        mg = tl.load(STATS + 2 * n_rows + grp, mask=c_mask, other=0.0)[:, None]
-        mgx = tl.load(STATS + 3 * n_rows + grp, mask=c_mask, other=0.0)[:, None]
+        if FUSED:
+            size = _group_size(cpg, hw)
+            mean, m2, sum_g, sum_gx = _group_stats(
+                PART, W, n, cs, c_mask, C, hw, cpg, chunk, splits, n_segments, True, HAS_W, BLOCK_C, BLOCK_P
+            )
+            rstd = tl.math.rsqrt(m2 / size + eps)
+            mg = sum_g / size
+            mgx = rstd * sum_gx / size
+        else:
+            n_rows = tl.cast(N, tl.int64) * (C // cpg)
+            grp = 5 * n_segments + n * (C // cpg) + cs // cpg
+            mean = tl.load(PART + grp, mask=c_mask, other=0.0)
+            rstd = tl.load(PART + n_rows + grp, mask=c_mask, other=0.0)
+            mg = tl.load(PART + 2 * n_rows + grp, mask=c_mask, other=0.0)
+            mgx = tl.load(PART + 3 * n_rows + grp, mask=c_mask, other=0.0)
         w = tl.full([BLOCK_C], 1.0, dtype=tl.float32)
         if HAS_W:
             w = tl.load(W + cs, mask=c_mask, other=0.0).to(tl.float32)
+            # Only this item writes its segments' terms; every item reads PART[0..3] only.
+            seg = (n * splits + s) * C + cs
+            mu = tl.load(PART + seg, mask=c_mask, other=0.0)
+            sg = tl.load(PART + 2 * n_segments + seg, mask=c_mask, other=0.0)
+            sgd = tl.load(PART + 3 * n_segments + seg, mask=c_mask, other=0.0)
+            tl.store(PART + 4 * n_segments + seg, rstd * (sgd + (mu - mean) * sg), mask=c_mask)
+        mean = mean[:, None]
+        rstd = rstd[:, None]
+        mg = mg[:, None]
+        mgx = mgx[:, None]
         rows = (n * C + cs) * hw
         start = s * chunk
         for step in range(0, chunk, BLOCK_HW):
@@ -254,11 +309,12 @@ def bwd_dx_kernel(
 
 @triton.jit
 def channel_reduce_kernel(
-    PART, DW, DB, n_part_rows, C, n_segments,
+    PART, DW, DB, n_part_rows, C,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Column sums of the (N * splits, C) partials in a fixed order:
-    dweight from PART[3], dbias from PART[2]."""
+    dweight from PART[4], dbias from PART[2]."""
+    n_segments = tl.cast(n_part_rows, tl.int64) * C
     for cb in tl.range(tl.program_id(0), tl.cdiv(C, BLOCK_C), tl.num_programs(0)):
         cs = tl.cast(cb, tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         c_mask = cs < C
@@ -269,7 +325,7 @@ def channel_reduce_kernel(
             mask = (rs < n_part_rows)[:, None] & c_mask[None, :]
             offs = rs[:, None] * C + cs[None, :]
             if HAS_W:
-                acc_w += tl.load(PART + 3 * n_segments + offs, mask=mask, other=0.0)
+                acc_w += tl.load(PART + 4 * n_segments + offs, mask=mask, other=0.0)
             if HAS_B:
                 acc_b += tl.load(PART + 2 * n_segments + offs, mask=mask, other=0.0)
         if HAS_W:

@@ -6,25 +6,43 @@ device, the grid cap and per-launch options.  A ``Policy`` carries those.
 
 x and grad_out are made contiguous and viewed as (N, C, HW); outputs are
 contiguous with x's shape.
+
+The op is host-bound on typical shapes, so a call does as little Python as
+it can: everything that depends only on (policy, shape, groups, dtype size,
+which parameters are given) -- the plan, the grids, the bound launchers and
+their keyword arguments -- is built once and kept in ``_STEPS`` under a key
+of plain ints; a call then allocates its outputs and one float32 workspace
+and makes 2 (forward) or 3 (backward) launches, plus one finalize launch
+when the plan is not ``fused``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
-import triton
 
 from csrc_free_ops.group_norm import kernels
-from csrc_free_ops.group_norm.plan import Plan
+from csrc_free_ops.group_norm.plan import Plan, cdiv
 
 # Partials per (N, G) row of every finalize step; (rows, channels) of a
 # reduce tile.
 Blocks = tuple[int, int]
+# Float32 partial rows per (sample, channel, segment), and statistics per
+# (sample, group) row when a finalize kernel runs.
+FWD_PARTS, FWD_STATS = 2, 2
+BWD_PARTS, BWD_STATS = 5, 4
+# Cached step sets kept before the cache is dropped (a bound on its memory).
+MAX_CACHED = 1024
 
 
 class Policy(Protocol):
+    # Plain, hashable description of the policy (its part of the cache key).
+    key: tuple
+
     def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan: ...
+
+    def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan: ...
 
     def grid(self, work: int) -> int:
         """Programs for a kernel with ``work`` independent items (>= 1)."""
@@ -34,9 +52,87 @@ class Policy(Protocol):
         """Extra launch options for a kernel whose tile has ``elements``."""
         ...
 
-    def finalize_block(self, seg_per_group: int) -> int: ...
+    def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
+        """Partials per step of a group merge over a [block_c, partials] tile."""
+        ...
 
     def reduce_blocks(self, part_rows: int, c: int) -> Blocks: ...
+
+
+class _Launch(NamedTuple):
+    """A bound launcher (``kernel[grid]``) and its constexpr / option keywords."""
+
+    run: Any
+    kw: dict
+
+
+class _Steps(NamedTuple):
+    plan: Plan
+    workspace: int  # float32 elements of PART (+ STATS)
+    stream_sizes: tuple[int, int, int, int]  # (N, C, HW, chunk): the partials kernels' size arguments
+    sizes: tuple[int, int, int, int, int]  # (N, C, HW, channels per group, chunk): everyone else's
+    partials: _Launch
+    finalize: _Launch | None
+    main: _Launch  # apply (forward) or dx (backward)
+    reduce: _Launch | None  # dweight / dbias column sums (backward)
+
+
+_STEPS: dict[tuple, _Steps] = {}
+
+
+def _launch(kernel, grid: int, **kw) -> _Launch:
+    return _Launch(kernel[(grid,)], kw)
+
+
+def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, has_w: bool, has_b: bool,
+           backward: bool) -> _Steps:  # fmt: skip
+    p = policy.plan_for(n, c, hw, groups, itemsize, backward)
+    tile = p.block_c * p.block_hw
+    blocks = {"BLOCK_C": p.block_c, "BLOCK_HW": p.block_hw}
+    parts, stats = (BWD_PARTS, BWD_STATS) if backward else (FWD_PARTS, FWD_STATS)
+    workspace = parts * p.segments + (0 if p.fused else stats * p.rows)
+    partials = _launch(
+        kernels.bwd_partials_kernel if backward else kernels.fwd_partials_kernel,
+        policy.grid(p.items), **blocks, **policy.options(tile),
+    )  # fmt: skip
+    finalize = None
+    if not p.fused:
+        block_p = policy.finalize_block(p.segments_per_group)
+        kernel, flags = kernels.fwd_finalize_kernel, {}
+        if backward:
+            kernel, flags = kernels.bwd_finalize_kernel, {"HAS_W": has_w}
+        finalize = _launch(kernel, policy.grid(p.rows), **flags, BLOCK_P=block_p, **policy.options(block_p))
+    block_p = policy.finalize_block(p.segments_per_group, p.block_c) if p.fused else 1
+    flags = {"FUSED": p.fused, "HAS_W": has_w}
+    if not backward:
+        flags["HAS_B"] = has_b
+    main = _launch(
+        kernels.bwd_dx_kernel if backward else kernels.fwd_apply_kernel,
+        policy.grid(p.items), **flags, **blocks, BLOCK_P=block_p, **policy.options(tile),
+    )  # fmt: skip
+    reduce = None
+    if backward and (has_w or has_b):
+        block_r, block_c = policy.reduce_blocks(p.part_rows, c)
+        reduce = _launch(
+            kernels.channel_reduce_kernel, policy.grid(cdiv(c, block_c)),
+            HAS_W=has_w, HAS_B=has_b, BLOCK_R=block_r, BLOCK_C=block_c, **policy.options(block_r * block_c),
+        )  # fmt: skip
+    stream_sizes = (p.n, p.c, p.hw, p.chunk)
+    sizes = (p.n, p.c, p.hw, p.channels_per_group, p.chunk)
+    return _Steps(p, workspace, stream_sizes, sizes, partials, finalize, main, reduce)
+
+
+def _steps(policy: Policy, x: torch.Tensor, groups: int, has_w: bool, has_b: bool, backward: bool) -> _Steps:
+    shape = x.shape
+    n, c = shape[0], shape[1]
+    hw = x.numel() // (n * c)
+    key = (policy.key, n, c, hw, groups, x.element_size(), has_w, has_b, backward)
+    steps = _STEPS.get(key)
+    if steps is None:
+        if len(_STEPS) >= MAX_CACHED:
+            _STEPS.clear()
+        steps = _STEPS[key] = _build(policy, n, c, hw, groups, x.element_size(), has_w, has_b, backward)
+    return steps
 
 
 def forward(
@@ -47,30 +143,19 @@ def forward(
     eps: float,
     policy: Policy,
 ) -> torch.Tensor:
-    x, weight, bias = _contiguous(x, weight, bias)
+    x = _contiguous(x)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if x.numel() == 0:
         return y
-    p = policy.plan(x, num_groups, backward=False)
-    part = torch.empty((2, p.segments), dtype=torch.float32, device=x.device)
-    stats = torch.empty((2, p.rows), dtype=torch.float32, device=x.device)
-    tile = p.block_c * p.block_hw
-    kernels.fwd_partials_kernel[(policy.grid(p.items),)](
-        x, part, p.c, p.hw, p.c_blocks, p.splits, p.chunk, p.items, p.segments,
-        BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **policy.options(tile),
-    )  # fmt: skip
-    block_p = policy.finalize_block(p.segments_per_group)
-    kernels.fwd_finalize_kernel[(policy.grid(p.rows),)](
-        part, stats, p.rows, p.segments, p.groups, p.channels_per_group, p.c, p.splits, p.segments_per_group,
-        p.hw, p.chunk, p.channels_per_group * p.hw, eps,
-        BLOCK_P=block_p, **policy.options(block_p),
-    )  # fmt: skip
-    kernels.fwd_apply_kernel[(policy.grid(p.items),)](
-        x, y, _or(weight, x), _or(bias, x), stats,
-        p.c, p.hw, p.channels_per_group, p.groups, p.rows, p.c_blocks, p.splits, p.chunk, p.items,
-        HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw,
-        **policy.options(tile),
-    )  # fmt: skip
+    has_w, has_b = weight is not None, bias is not None
+    weight = _contiguous(weight) if has_w else x
+    bias = _contiguous(bias) if has_b else x
+    s = _steps(policy, x, num_groups, has_w, has_b, False)
+    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device)
+    s.partials.run(x, part, *s.stream_sizes, **s.partials.kw)
+    if s.finalize is not None:
+        s.finalize.run(part, *s.sizes, eps, **s.finalize.kw)
+    s.main.run(x, y, weight, bias, part, *s.sizes, eps, **s.main.kw)
     return y
 
 
@@ -84,47 +169,30 @@ def backward(
     policy: Policy,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dweight or None, dbias or None); dweight / dbias in their parameter's dtype."""
-    x, weight, bias = _contiguous(x, weight, bias)
-    dy = grad_out.contiguous()
+    x = _contiguous(x)
+    dy = _contiguous(grad_out)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    c = x.shape[1]
-    dweight = torch.zeros(c, dtype=weight.dtype, device=x.device) if weight is not None else None
-    dbias = torch.zeros(c, dtype=bias.dtype, device=x.device) if bias is not None else None
+    has_w, has_b = weight is not None, bias is not None
     if x.numel() == 0:
+        dweight = torch.zeros_like(weight) if has_w else None
+        dbias = torch.zeros_like(bias) if has_b else None
         return dx, dweight, dbias
-    p = policy.plan(x, num_groups, backward=True)
-    part = torch.empty((4, p.segments), dtype=torch.float32, device=x.device)
-    stats = torch.empty((4, p.rows), dtype=torch.float32, device=x.device)
-    tile = p.block_c * p.block_hw
-    kernels.bwd_partials_kernel[(policy.grid(p.items),)](
-        x, dy, part, p.c, p.hw, p.c_blocks, p.splits, p.chunk, p.items, p.segments,
-        BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **policy.options(tile),
-    )  # fmt: skip
-    block_p = policy.finalize_block(p.segments_per_group)
-    kernels.bwd_finalize_kernel[(policy.grid(p.rows),)](
-        part, _or(weight, x), stats, p.rows, p.segments, p.groups, p.channels_per_group, p.c, p.splits,
-        p.segments_per_group, p.hw, p.chunk, p.channels_per_group * p.hw, eps,
-        HAS_W=weight is not None, BLOCK_P=block_p, **policy.options(block_p),
-    )  # fmt: skip
-    kernels.bwd_dx_kernel[(policy.grid(p.items),)](
-        x, dy, dx, _or(weight, x), stats,
-        p.c, p.hw, p.channels_per_group, p.groups, p.rows, p.c_blocks, p.splits, p.chunk, p.items,
-        HAS_W=weight is not None, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **policy.options(tile),
-    )  # fmt: skip
-    if weight is not None or bias is not None:
-        block_r, block_c = policy.reduce_blocks(p.part_rows, p.c)
-        kernels.channel_reduce_kernel[(policy.grid(triton.cdiv(p.c, block_c)),)](
-            part, _or(dweight, part), _or(dbias, part), p.part_rows, p.c, p.segments,
-            HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c,
-            **policy.options(block_r * block_c),
-        )  # fmt: skip
+    c = x.shape[1]
+    # Every element is written by channel_reduce_kernel, which covers all C channels.
+    dweight = torch.empty(c, dtype=weight.dtype, device=x.device) if has_w else None
+    dbias = torch.empty(c, dtype=bias.dtype, device=x.device) if has_b else None
+    w = _contiguous(weight) if has_w else x
+    s = _steps(policy, x, num_groups, has_w, has_b, True)
+    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device)
+    s.partials.run(x, dy, part, *s.stream_sizes, **s.partials.kw)
+    if s.finalize is not None:
+        s.finalize.run(part, w, *s.sizes, eps, **s.finalize.kw)
+    s.main.run(x, dy, dx, w, part, *s.sizes, eps, **s.main.kw)
+    if s.reduce is not None:
+        part_rows = s.plan.n * s.plan.splits
+        s.reduce.run(part, dweight if has_w else part, dbias if has_b else part, part_rows, c, **s.reduce.kw)
     return dx, dweight, dbias
 
 
-def _or(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
-    """t, or a placeholder pointer for a kernel argument its constexpr flag leaves unused."""
-    return t if t is not None else fallback
-
-
-def _contiguous(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    return tuple(t.contiguous() if t is not None else None for t in ts)
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()

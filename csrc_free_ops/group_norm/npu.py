@@ -19,7 +19,9 @@ tile = largest power of two <= (UB / 2) / bytes_per_element.  Per element
     forward apply      x, y (2s) + x, y in float32 (2 x 4)             2s + 8
     backward partials  x, dy (2s) + x, dy, d, four accumulators (7 x 4) 2s + 28
     backward dx        x, dy, dx (3s) + four float32 temporaries         3s + 16
-    finalize           five float32 partial vectors + two accumulators  28
+    group merge        five float32 partial vectors + two accumulators  28
+                       (the finalize kernels, and the dx / apply kernels
+                       that merge their groups themselves)
     reduce             two float32 loads + two accumulators              16
 
 A direction's streaming kernels share one tile, sized by the costlier one.
@@ -28,11 +30,10 @@ A direction's streaming kernels share one tile, sized by the costlier one.
 from __future__ import annotations
 
 import torch
-import triton
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan
+from csrc_free_ops.group_norm.plan import Plan, make_plan, next_pow2, spatial_size
 
 FINALIZE_BYTES_PER_ELEMENT = 28
 REDUCE_BYTES_PER_ELEMENT = 16
@@ -46,19 +47,27 @@ def bytes_per_element(itemsize: int, backward: bool) -> int:
     return max(itemsize + 16, 2 * itemsize + 8)
 
 
-def tile_elements(bytes_per_elem: int) -> int:
+def tile_elements(bytes_per_elem: int, ub_bytes: int | None = None) -> int:
     """Largest power of two of elements that fits half the UB (at least 1)."""
-    fit = max(1, device.npu_ub_bytes() // 2 // bytes_per_elem)
+    fit = max(1, (ub_bytes or device.npu_ub_bytes()) // 2 // bytes_per_elem)
     return 1 << (fit.bit_length() - 1)
 
 
 class NpuPolicy:
+    """Reads the UB size and vector cores (environment overrides included)
+    once, at construction; they make up its cache key."""
+
     def __init__(self) -> None:
         self._cores = device.npu_vector_cores()
+        self._ub = device.npu_ub_bytes()
+        self.key = ("npu", self._cores, self._ub)
 
     def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan:
-        tile = tile_elements(bytes_per_element(x.element_size(), backward))
-        return make_plan(tuple(x.shape), groups, tile=tile, max_block_hw=tile, target_items=self._cores)
+        return self.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
+
+    def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan:
+        tile = tile_elements(bytes_per_element(itemsize, backward), self._ub)
+        return make_plan((n, c, hw), groups, tile=tile, max_block_hw=tile, target_items=self._cores)
 
     def grid(self, work: int) -> int:
         return max(1, min(work, self._cores, device.NPU_MAX_GRID))
@@ -66,13 +75,14 @@ class NpuPolicy:
     def options(self, elements: int) -> dict:
         return {}
 
-    def finalize_block(self, seg_per_group: int) -> int:
-        return min(triton.next_power_of_2(seg_per_group), tile_elements(FINALIZE_BYTES_PER_ELEMENT))
+    def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
+        tile = tile_elements(FINALIZE_BYTES_PER_ELEMENT, self._ub)
+        return min(next_pow2(seg_per_group), max(1, tile // block_c))
 
     def reduce_blocks(self, part_rows: int, c: int) -> launch.Blocks:
-        tile = tile_elements(REDUCE_BYTES_PER_ELEMENT)
-        block_c = min(triton.next_power_of_2(c), REDUCE_BLOCK_C, tile)
-        return max(1, min(triton.next_power_of_2(part_rows), tile // block_c)), block_c
+        tile = tile_elements(REDUCE_BYTES_PER_ELEMENT, self._ub)
+        block_c = min(next_pow2(c), REDUCE_BLOCK_C, tile)
+        return max(1, min(next_pow2(part_rows), tile // block_c)), block_c
 
 
 def forward(

@@ -7,7 +7,13 @@ walks its segment in [block_c, block_hw] tiles.  When N * ceil(C / block_c)
 items cannot keep ``target_items`` programs busy, the spatial axis is cut into
 ``splits`` segments, so a group's statistics are reduced by several programs:
 each writes per-(sample, channel, segment) partials, laid out as
-(N, splits, C), and a finalize kernel per (sample, group) combines them.
+(N, splits, C), which are merged into the group's statistics either by each
+program of the next pass itself (``fused``: a group has few partials next to
+the elements one item streams) or by a separate finalize kernel per (sample,
+group).
+
+All of it is plain-int arithmetic (no ``cdiv``: on the host that is a
+constexpr_function, several microseconds a call).
 """
 
 from __future__ import annotations
@@ -15,7 +21,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import triton
+# The next pass merges a group's partials itself when every item streams at least
+# this many elements per channel for each partial of the group it reads.
+FUSE_MIN_CHUNK_PER_PARTIAL = 8
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(v: int) -> int:
+    return 1 << max(0, v - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -35,7 +51,7 @@ class Plan:
 
     @property
     def c_blocks(self) -> int:
-        return triton.cdiv(self.c, self.block_c)
+        return cdiv(self.c, self.block_c)
 
     @property
     def items(self) -> int:
@@ -60,6 +76,13 @@ class Plan:
     def segments_per_group(self) -> int:
         return self.channels_per_group * self.splits
 
+    @property
+    def fused(self) -> bool:
+        """Whether the pass after the partials merges each group's partials
+        itself (no finalize launch): each item re-reads its channels' group
+        partials, which is cheap only while they are few next to its chunk."""
+        return self.segments_per_group * FUSE_MIN_CHUNK_PER_PARTIAL <= self.chunk
+
 
 def spatial_size(x_shape: tuple[int, ...]) -> int:
     return math.prod(x_shape[2:])
@@ -70,10 +93,10 @@ def make_plan(x_shape: tuple[int, ...], groups: int, *, tile: int, max_block_hw:
     max_block_hw: the widest spatial block.  target_items: the number of
     work items that fills the device."""
     n, c, hw = x_shape[0], x_shape[1], spatial_size(x_shape)
-    block_hw = min(triton.next_power_of_2(hw), max_block_hw, tile)
-    block_c = min(triton.next_power_of_2(c), max(1, tile // block_hw))
-    hw_blocks = triton.cdiv(hw, block_hw)
-    base_items = n * triton.cdiv(c, block_c)
-    splits = max(1, min(hw_blocks, triton.cdiv(target_items, base_items)))
-    chunk = triton.cdiv(hw_blocks, splits) * block_hw
-    return Plan(n, c, hw, groups, block_c, block_hw, triton.cdiv(hw, chunk), chunk)
+    block_hw = min(next_pow2(hw), max_block_hw, tile)
+    block_c = min(next_pow2(c), max(1, tile // block_hw))
+    hw_blocks = cdiv(hw, block_hw)
+    base_items = n * cdiv(c, block_c)
+    splits = max(1, min(hw_blocks, cdiv(target_items, base_items)))
+    chunk = cdiv(hw_blocks, splits) * block_hw
+    return Plan(n, c, hw, groups, block_c, block_hw, cdiv(hw, chunk), chunk)
