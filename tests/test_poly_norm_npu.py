@@ -3,7 +3,6 @@ CPU tensors with simulated Ascend profiles, and PrivateUse1 dispatch."""
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
@@ -45,11 +44,7 @@ def _check(x, weight, bias, dy, eps=1e-6):
 
 
 def _plan(n_rows, n_cols, dtype, backward):
-    elem = torch.tensor([], dtype=dtype).element_size()
-    tile = (
-        npu.tile_elements(2, elem, npu.BWD_FP32_TEMPS) if backward else npu.tile_elements(1, elem, npu.FWD_FP32_TEMPS)
-    )
-    return npu.plan(n_rows, n_cols, tile)
+    return npu.plan(n_rows, n_cols, torch.tensor([], dtype=dtype).element_size(), backward)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -77,16 +72,17 @@ def test_npu_launchers_any_shape_any_budget(n_rows, n_cols, dtype, ub, cores):
         bias = torch.randn((), dtype=dtype)
         _check(x, weight, bias, torch.randn_like(x))
         for backward in (False, True):
-            _, block_m, block_n, programs = _plan(n_rows, n_cols, dtype, backward)
-            assert 1 <= programs <= min(cores, device.NPU_MAX_GRID)
+            p = _plan(n_rows, n_cols, dtype, backward)
+            assert 1 <= p.programs <= min(cores, device.NPU_MAX_GRID)
+            assert p.options == {}  # no num_warps / num_stages on the NPU
 
 
 def test_both_kernels_are_planned(ascend):
     """The shapes above cover both kernels on every profile."""
     for backward in (False, True):
-        assert _plan(37, 48, torch.float32, backward)[0] is True
-        assert _plan(7, 2500, torch.float32, backward)[0] is False
-        assert _plan(150, 129, torch.float32, backward)[0] is (ascend != "Ascend910B2")
+        assert _plan(37, 48, torch.float32, backward).whole_rows is True
+        assert _plan(7, 2500, torch.float32, backward).whole_rows is False
+        assert _plan(150, 129, torch.float32, backward).whole_rows is (ascend != "Ascend910B2")
 
 
 def test_tile_fits_half_the_ub(ascend):
@@ -108,10 +104,10 @@ def test_npu_backward_is_bitwise_deterministic(ascend):
 
 
 def test_npu_kernels_pass_no_warps_or_stages():
-    """triton-ascend ignores num_warps / num_stages; the launchers set neither."""
-    source = inspect.getsource(npu)
-    assert "num_warps" not in source.replace("No num_warps", "")
-    assert "num_stages" not in source.replace("num_warps / num_stages", "")
+    """triton-ascend ignores num_warps / num_stages; NPU plans pass no launch options."""
+    for n_rows, n_cols in [(1, 8), (37, 48), (7, 2500), (3, 100_000)]:
+        for backward in (False, True):
+            assert _plan(n_rows, n_cols, torch.bfloat16, backward).options == {}
 
 
 # --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)
