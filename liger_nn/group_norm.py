@@ -51,8 +51,5 @@ class GroupNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.liger.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
-            f"bias={self.bias is not None}"
-        )
+    # The installed torch's own format, so reprs match across torch versions.
+    extra_repr = nn.GroupNorm.extra_repr
