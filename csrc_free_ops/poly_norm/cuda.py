@@ -3,8 +3,9 @@ TRITON_INTERPRET=1); the kernels are shared with the NPU (kernels.py).
 
 Forward: one program per row.  A row of up to ``max_block`` elements is held
 in registers in one piece; longer rows are column-blocked in two passes.
-Backward: a persistent grid (BWD_PROGRAMS_PER_SM programs per SM) walks the
-rows with a grid stride, each program keeping its own dweight/dbias partials.
+Backward: a persistent grid (a few programs per SM) walks the rows with a
+grid stride, each program keeping its own dweight/dbias partials, with the
+next row's loads software-pipelined (BWD_LOOP_STAGES).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from csrc_free_ops.poly_norm.launch import Plan
 MAX_ROW_BLOCK = 8192
 # Column block of the blocked path.
 COL_BLOCK = 4096
-# Backward programs per SM: enough rows in flight to hide memory latency
-# (16 measured best on an H200 at H=2048; wider rows are occupancy-bound).
+# Backward programs per SM, the most the policy uses (enough rows in flight to hide latency).
 BWD_PROGRAMS_PER_SM = 16
+# H200, bf16, 16384 rows, backward: pipelining the row loop 3 deep with few warps per row
+# beat the unpipelined loop (H=2048: 55.5 vs 79.3 us with 1 warp and 8 programs/SM;
+# H=4096: 108.4 vs 142.4 us with 2 warps and 16 programs/SM).  bench/NOTES.md has the sweep.
+BWD_LOOP_STAGES = 3
 
 
 def _fwd_num_warps(block: int) -> int:
@@ -32,7 +36,11 @@ def _fwd_num_warps(block: int) -> int:
 
 def _bwd_num_warps(block: int) -> int:
     # The backward holds ~4 row-sized fp32 arrays: fewer warps per row, more rows per SM.
-    return 1 if block <= 512 else 2 if block <= 4096 else 4
+    return 1 if block <= 2048 else 2 if block <= 4096 else 4
+
+
+def _bwd_programs_per_sm(block: int) -> int:
+    return BWD_PROGRAMS_PER_SM // 2 if block <= 2048 else BWD_PROGRAMS_PER_SM
 
 
 def plan(n_rows: int, n_cols: int, backward: bool, sms: int, max_block: int) -> Plan:
@@ -41,8 +49,10 @@ def plan(n_rows: int, n_cols: int, backward: bool, sms: int, max_block: int) -> 
     if not whole_rows:
         block = min(COL_BLOCK, max_block)
     warps = _bwd_num_warps(block) if backward else _fwd_num_warps(block)
-    programs = max(1, min(n_rows, sms * BWD_PROGRAMS_PER_SM)) if backward else n_rows
-    return Plan(whole_rows, 1, block, programs, {"num_warps": warps})
+    if not backward:
+        return Plan(whole_rows, 1, block, n_rows, {"num_warps": warps})
+    programs = max(1, min(n_rows, sms * _bwd_programs_per_sm(block)))
+    return Plan(whole_rows, 1, block, programs, {"num_warps": warps}, BWD_LOOP_STAGES)
 
 
 def _planner(x: torch.Tensor, max_block: int) -> launch.Planner:

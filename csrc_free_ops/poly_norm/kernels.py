@@ -86,7 +86,7 @@ def bwd_tile_kernel(
     DY, X, W, DX, PARTIAL,
     stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
     n_rows, n_cols, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK_N)[None, :]
     inv_n = 1.0 / n_cols
@@ -95,7 +95,8 @@ def bwd_tile_kernel(
     dw2 = 0.0
     dw3 = 0.0
     db = 0.0
-    for blk in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+    # LOOP_STAGES > 1 software-pipelines the loads of the next row block (CUDA).
+    for blk in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=LOOP_STAGES):
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         mask = (rows < n_rows) & (cols < n_cols)
         x = tl.load(X + rows * stride_xm + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)

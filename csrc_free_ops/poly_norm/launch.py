@@ -17,6 +17,7 @@ class Plan(NamedTuple):
     block_n: int
     programs: int
     options: dict  # extra launch options (num_warps on CUDA; none on the NPU)
+    loop_stages: int | None = None  # pipelining depth of the backward row loop (None: the compiler's default)
 
 
 # (n_rows, n_cols, element size, backward) -> Plan
@@ -60,7 +61,9 @@ def backward(
         n_rows, n_cols, eps,
     )  # fmt: skip
     if p.whole_rows:
-        kernels.bwd_tile_kernel[(p.programs,)](*args, BLOCK_M=p.block_m, BLOCK_N=p.block_n, **p.options)
+        kernels.bwd_tile_kernel[(p.programs,)](
+            *args, BLOCK_M=p.block_m, BLOCK_N=p.block_n, LOOP_STAGES=p.loop_stages, **p.options
+        )
     else:
         kernels.bwd_blocked_kernel[(p.programs,)](*args, BLOCK_N=p.block_n, **p.options)
     dweight, dbias = param_grads.reduce(partial, weight.dtype, **p.options)
