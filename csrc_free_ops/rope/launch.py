@@ -75,3 +75,25 @@ def rotated(
     yo = torch.empty_like(y)
     launch_fn(x, y, xo, yo, cos, sin, backward=backward, copy_pass=cos.shape[-1] < x.shape[-1])
     return xo, yo
+
+
+class EntryPoints(NamedTuple):
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    backward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    forward_: Callable[..., None]
+
+
+def entry_points(launch_fn: Callable[..., None]) -> EntryPoints:
+    """A backend's forward (rope), backward (rope_backward, the inverse
+    rotation) and in-place forward (rope_) from its launch function."""
+
+    def forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return rotated(launch_fn, q, k, cos, sin, backward=False)
+
+    def backward(dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return rotated(launch_fn, dq, dk, cos, sin, backward=True)
+
+    def forward_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        launch_fn(q, k, q, k, cos, sin, backward=False, copy_pass=False)
+
+    return EntryPoints(forward, backward, forward_)

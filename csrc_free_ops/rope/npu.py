@@ -124,17 +124,4 @@ def rotate_into(
     )  # fmt: skip
 
 
-def forward(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return launch.rotated(rotate_into, q, k, cos, sin, backward=False)
-
-
-def backward(
-    dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return launch.rotated(rotate_into, dq, dk, cos, sin, backward=True)
-
-
-def forward_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    rotate_into(q, k, q, k, cos, sin, backward=False, copy_pass=False)
+forward, backward, forward_ = launch.entry_points(rotate_into)
