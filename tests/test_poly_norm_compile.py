@@ -69,3 +69,28 @@ def test_compile_fullgraph_dynamic_matches_eager_without_recompiles():
         for lead in [(4, 7), (6, 11)]:
             x = torch.randn(*lead, 40, device=DEVICE, requires_grad=True)
             _check_against_eager(compiled, x, weight, bias)
+
+
+def test_eps_reaches_the_launchers_as_a_python_float_under_compile(monkeypatch):
+    """Triton types a Python float argument as fp32; a tensor or double
+    scalar here would mean fp64 creeping into the kernels."""
+    from csrc_free_ops.poly_norm import cuda
+
+    seen = []
+    real_forward, real_backward = cuda.forward, cuda.backward
+
+    def forward(x, weight, bias, eps, **kw):
+        seen.append(type(eps))
+        return real_forward(x, weight, bias, eps, **kw)
+
+    def backward(grad_out, x, weight, eps, **kw):
+        seen.append(type(eps))
+        return real_backward(grad_out, x, weight, eps, **kw)
+
+    monkeypatch.setattr(cuda, "forward", forward)
+    monkeypatch.setattr(cuda, "backward", backward)
+    torch._dynamo.reset()
+    compiled = torch.compile(_model, fullgraph=True, dynamic=True)
+    x, weight, bias = _args((4, 6, 24), torch.float32, True)
+    compiled(x, weight, bias).sum().backward()
+    assert seen == [float, float]
