@@ -46,3 +46,14 @@ def assert_close_to_ref(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """NaN-filled tensor: an output element a kernel forgets to write stays NaN."""
     return torch.full_like(t, float("nan"))
+
+
+def simulate_ascend(monkeypatch, profile: str, ub_bytes: int | None = None, vector_cores: int | None = None) -> str:
+    """Make csrc_free_ops.device report an Ascend profile, optionally with its
+    UB size or vector-core count overridden; returns the profile name."""
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", profile)
+    if ub_bytes is not None:
+        monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub_bytes))
+    if vector_cores is not None:
+        monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(vector_cores))
+    return profile

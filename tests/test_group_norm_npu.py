@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import npu
-from tests.helpers import FLOAT_DTYPES
+from tests.helpers import FLOAT_DTYPES, simulate_ascend
 from tests.privateuse1_backend import run_scenario
 from tests.test_group_norm import (
     AFFINE,
@@ -37,13 +37,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="NPU launchers
 
 @pytest.fixture(params=PROFILES, ids=lambda p: f"{p[0]}-ub{p[1] or 'default'}-cores{p[2] or 'default'}")
 def ascend(request, monkeypatch):
-    name, ub, cores = request.param
-    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", name)
-    if ub is not None:
-        monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
-    if cores is not None:
-        monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(cores))
-    return name
+    return simulate_ascend(monkeypatch, *request.param)
 
 
 def _check(x, groups, weight, bias, dy, eps=1e-5):

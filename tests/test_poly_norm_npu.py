@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from csrc_free_ops import device
 from csrc_free_ops.poly_norm import npu
-from tests.helpers import FLOAT_DTYPES, assert_close_to_ref
+from tests.helpers import FLOAT_DTYPES, assert_close_to_ref, simulate_ascend
 from tests.privateuse1_backend import run_scenario
 from tests.test_poly_norm import reference_grads
 
@@ -25,11 +25,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="NPU launchers
 
 @pytest.fixture(params=PROFILES, ids=lambda p: f"{p[0]}-ub{p[1] or 'default'}")
 def ascend(request, monkeypatch):
-    name, ub = request.param
-    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", name)
-    if ub is not None:
-        monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
-    return name
+    return simulate_ascend(monkeypatch, *request.param)
 
 
 def _check(x, weight, bias, dy, eps=1e-6):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from csrc_free_ops import device
 from csrc_free_ops.rope import npu, reference
-from tests.helpers import FLOAT_DTYPES, assert_close_to_ref, poison_like
+from tests.helpers import FLOAT_DTYPES, assert_close_to_ref, poison_like, simulate_ascend
 from tests.privateuse1_backend import run_scenario
 from tests.rope_cases import HEAD_LAYOUTS, TABLE_LAYOUTS, make_heads, make_table, reference_outputs_and_grads
 
@@ -28,11 +28,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="NPU launchers
 
 @pytest.fixture(params=PROFILES, ids=lambda p: f"{p[0]}-ub{p[1] or 'default'}")
 def ascend(request, monkeypatch):
-    name, ub = request.param
-    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", name)
-    if ub is not None:
-        monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
-    return name
+    return simulate_ascend(monkeypatch, *request.param)
 
 
 def _inputs(batch, n_qh, n_kh, seq, dim, rot, dtype, q_layout="transposed", k_layout="contiguous", table="BSR"):
