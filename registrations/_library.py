@@ -52,6 +52,16 @@ def define(schema: str, kernel: Callable) -> str:
     return "liger::" + name
 
 
+def call_from_backward(op: Callable, *args):
+    """Call ``op`` inside an autograd formula.  Unless the backward itself is
+    being differentiated (grad mode on), the op's Autograd kernel would only
+    redispatch, so dispatch starts below it: one Python kernel fewer."""
+    if torch.is_grad_enabled():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def register_autograd(
     qualname: str,
     backward: Callable,

@@ -18,7 +18,7 @@ import torch
 
 from csrc_free_ops.group_norm import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, define, pick, register_autograd
+from registrations._library import Launchers, call_from_backward, define, pick, register_autograd
 
 _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.group_norm"
@@ -119,7 +119,8 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out):
     x, weight, bias = ctx.saved_tensors
-    dx, dweight, dbias = torch.ops.liger.group_norm_backward(grad_out, x, ctx.num_groups, weight, bias, ctx.eps)
+    op = torch.ops.liger.group_norm_backward.default
+    dx, dweight, dbias = call_from_backward(op, grad_out, x, ctx.num_groups, weight, bias, ctx.eps)
     need = tuple(ctx.needs_input_grad) + (False,) * 5
     grads = (dx if need[0] else None, None, dweight if need[2] else None, dbias if need[3] else None, None)
     return grads[: ctx.n_inputs]

@@ -14,7 +14,7 @@ import torch
 
 from csrc_free_ops.poly_norm import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, define, pick, register_autograd
+from registrations._library import Launchers, call_from_backward, define, pick, register_autograd
 
 _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.poly_norm"
@@ -82,7 +82,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
-    dx, dweight, dbias = torch.ops.liger.poly_norm_backward(grad_out, x, weight, ctx.eps)
+    dx, dweight, dbias = call_from_backward(torch.ops.liger.poly_norm_backward.default, grad_out, x, weight, ctx.eps)
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     return (
         dx if need_x else None,

@@ -26,7 +26,7 @@ import torch
 
 from csrc_free_ops.rope import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, define, pick, register_autograd
+from registrations._library import Launchers, call_from_backward, define, pick, register_autograd
 
 _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.rope"
@@ -135,14 +135,14 @@ def _no_table_grad(op: str):
 
 def _rope_grad(ctx, dq, dk):
     cos, sin = ctx.saved_tensors
-    gq, gk = torch.ops.liger.rope_backward(dq, dk, cos, sin)
+    gq, gk = call_from_backward(torch.ops.liger.rope_backward.default, dq, dk, cos, sin)
     need_q, need_k = ctx.needs_input_grad[:2]
     return (gq if need_q else None, gk if need_k else None, None, None)
 
 
 def _rope_backward_grad(ctx, ddq, ddk):
     cos, sin = ctx.saved_tensors
-    gq, gk = torch.ops.liger.rope(ddq, ddk, cos, sin)
+    gq, gk = call_from_backward(torch.ops.liger.rope.default, ddq, ddk, cos, sin)
     need_q, need_k = ctx.needs_input_grad[:2]
     return (gq if need_q else None, gk if need_k else None, None, None)
 

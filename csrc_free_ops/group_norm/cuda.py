@@ -16,7 +16,8 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan, next_pow2, spatial_size
+from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size
+from csrc_free_ops.host_math import next_pow2
 
 # Elements of one [block_c, block_hw] tile: the forward keeps two float32
 # accumulators per element, the backward four, so it takes half the tile.

@@ -181,8 +181,9 @@ def fwd_apply_kernel(
 ):  # fmt: skip
     """y = (x - mean) * rstd * w + b; the statistics merged here (FUSED) or read from STATS."""
     c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        n, cb, s = _item_coords(item, c_blocks, splits)
+    for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
+        n, cb, s = _item_coords(n_items - 1 - i, c_blocks, splits)
         cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         c_mask = cs < C
         if FUSED:
@@ -262,8 +263,9 @@ def bwd_dx_kernel(
     merged here (FUSED) or read from STATS; with HAS_W also PART[4] = each
     segment's dweight term rstd * sum(dy * (x - mean))."""
     c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        n, cb, s = _item_coords(item, c_blocks, splits)
+    for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
+        n, cb, s = _item_coords(n_items - 1 - i, c_blocks, splits)
         cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         c_mask = cs < C
         if FUSED:

@@ -9,8 +9,8 @@ contiguous with x's shape.
 
 The op is host-bound on typical shapes, so a call does as little Python as
 it can: everything that depends only on (policy, shape, groups, dtype size,
-which parameters are given) -- the plan, the grids, the bound launchers and
-their keyword arguments -- is built once and kept in ``_STEPS`` under a key
+which parameters are given) -- the plan, the grids and the kernel launchers
+(``csrc_free_ops.launcher``) -- is built once and kept in ``_STEPS`` under a key
 of plain ints; a call then allocates its outputs and one float32 workspace
 and makes 2 (forward) or 3 (backward) launches, plus one finalize launch
 when the plan is not ``fused``.
@@ -23,7 +23,9 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from csrc_free_ops.group_norm import kernels
-from csrc_free_ops.group_norm.plan import Plan, cdiv
+from csrc_free_ops.group_norm.plan import Plan
+from csrc_free_ops.host_math import cdiv
+from csrc_free_ops.launcher import Launcher
 
 # Partials per (N, G) row of every finalize step; (rows, channels) of a
 # reduce tile.
@@ -60,10 +62,13 @@ class Policy(Protocol):
 
 
 class _Launch(NamedTuple):
-    """A bound launcher (``kernel[grid]``) and its constexpr / option keywords."""
+    """A kernel's launcher (constexprs and options bound) and its grid."""
 
-    run: Any
-    kw: dict
+    launcher: Launcher
+    grid: int
+
+    def run(self, *args: Any) -> None:
+        self.launcher(self.grid, *args)
 
 
 class _Steps(NamedTuple):
@@ -80,8 +85,8 @@ class _Steps(NamedTuple):
 _STEPS: dict[tuple, _Steps] = {}
 
 
-def _launch(kernel, grid: int, **kw) -> _Launch:
-    return _Launch(kernel[(grid,)], kw)
+def _launch(kernel, grid: int, **meta) -> _Launch:
+    return _Launch(Launcher(kernel, **meta), grid)
 
 
 def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, has_w: bool, has_b: bool,
@@ -152,10 +157,10 @@ def forward(
     bias = _contiguous(bias) if has_b else x
     s = _steps(policy, x, num_groups, has_w, has_b, False)
     part = torch.empty(s.workspace, dtype=torch.float32, device=x.device)
-    s.partials.run(x, part, *s.stream_sizes, **s.partials.kw)
+    s.partials.run(x, part, *s.stream_sizes)
     if s.finalize is not None:
-        s.finalize.run(part, *s.sizes, eps, **s.finalize.kw)
-    s.main.run(x, y, weight, bias, part, *s.sizes, eps, **s.main.kw)
+        s.finalize.run(part, *s.sizes, eps)
+    s.main.run(x, y, weight, bias, part, *s.sizes, eps)
     return y
 
 
@@ -184,13 +189,13 @@ def backward(
     w = _contiguous(weight) if has_w else x
     s = _steps(policy, x, num_groups, has_w, has_b, True)
     part = torch.empty(s.workspace, dtype=torch.float32, device=x.device)
-    s.partials.run(x, dy, part, *s.stream_sizes, **s.partials.kw)
+    s.partials.run(x, dy, part, *s.stream_sizes)
     if s.finalize is not None:
-        s.finalize.run(part, w, *s.sizes, eps, **s.finalize.kw)
-    s.main.run(x, dy, dx, w, part, *s.sizes, eps, **s.main.kw)
+        s.finalize.run(part, w, *s.sizes, eps)
+    s.main.run(x, dy, dx, w, part, *s.sizes, eps)
     if s.reduce is not None:
         part_rows = s.plan.n * s.plan.splits
-        s.reduce.run(part, dweight if has_w else part, dbias if has_b else part, part_rows, c, **s.reduce.kw)
+        s.reduce.run(part, dweight if has_w else part, dbias if has_b else part, part_rows, c)
     return dx, dweight, dbias
 
 

@@ -33,7 +33,8 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan, next_pow2, spatial_size
+from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size
+from csrc_free_ops.host_math import next_pow2
 
 FINALIZE_BYTES_PER_ELEMENT = 28
 REDUCE_BYTES_PER_ELEMENT = 16

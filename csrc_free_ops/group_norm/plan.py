@@ -12,8 +12,7 @@ program of the next pass itself (``fused``: a group has few partials next to
 the elements one item streams) or by a separate finalize kernel per (sample,
 group).
 
-All of it is plain-int arithmetic (no ``cdiv``: on the host that is a
-constexpr_function, several microseconds a call).
+All of it is plain-int arithmetic (``csrc_free_ops.host_math``).
 """
 
 from __future__ import annotations
@@ -21,17 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from csrc_free_ops.host_math import cdiv, next_pow2
+
 # The next pass merges a group's partials itself when every item streams at least
 # this many elements per channel for each partial of the group it reads.
 FUSE_MIN_CHUNK_PER_PARTIAL = 8
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def next_pow2(v: int) -> int:
-    return 1 << max(0, v - 1).bit_length()
 
 
 @dataclass(frozen=True)

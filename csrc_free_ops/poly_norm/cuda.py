@@ -10,10 +10,12 @@ next row's loads software-pipelined (BWD_LOOP_STAGES).
 
 from __future__ import annotations
 
+import functools
+
 import torch
-import triton
 
 from csrc_free_ops import device
+from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.poly_norm import launch
 from csrc_free_ops.poly_norm.launch import Plan
 
@@ -21,12 +23,12 @@ from csrc_free_ops.poly_norm.launch import Plan
 MAX_ROW_BLOCK = 8192
 # Column block of the blocked path.
 COL_BLOCK = 4096
+# H200, bf16, 16384 rows, backward (graph replay; bench/NOTES.md has the sweeps): the row loop
+# pipelined 3 deep beat the unpipelined loop at every width, e.g. H=2048 55.5 vs 79.3 us (1 warp,
+# 8 programs/SM), H=4096 108.4 vs 142.4 us (4 warps, 8/SM), H=8192 202 vs 270 us (4 warps, 16/SM).
+BWD_LOOP_STAGES = 3
 # Backward programs per SM, the most the policy uses (enough rows in flight to hide latency).
 BWD_PROGRAMS_PER_SM = 16
-# H200, bf16, 16384 rows, backward: pipelining the row loop 3 deep with few warps per row
-# beat the unpipelined loop (H=2048: 55.5 vs 79.3 us with 1 warp and 8 programs/SM;
-# H=4096: 108.4 vs 142.4 us with 2 warps and 16 programs/SM).  bench/NOTES.md has the sweep.
-BWD_LOOP_STAGES = 3
 
 
 def _fwd_num_warps(block: int) -> int:
@@ -35,24 +37,25 @@ def _fwd_num_warps(block: int) -> int:
 
 
 def _bwd_num_warps(block: int) -> int:
-    # The backward holds ~4 row-sized fp32 arrays: fewer warps per row, more rows per SM.
-    return 1 if block <= 2048 else 2 if block <= 4096 else 4
+    # The backward holds ~4 row-sized fp32 arrays: one warp per row while that fits, else 4.
+    return 1 if block <= 2048 else 4
 
 
 def _bwd_programs_per_sm(block: int) -> int:
-    return BWD_PROGRAMS_PER_SM // 2 if block <= 2048 else BWD_PROGRAMS_PER_SM
+    return BWD_PROGRAMS_PER_SM // 2 if block <= 4096 else BWD_PROGRAMS_PER_SM
 
 
+@functools.lru_cache(maxsize=1024)
 def plan(n_rows: int, n_cols: int, backward: bool, sms: int, max_block: int) -> Plan:
-    block = triton.next_power_of_2(n_cols)
+    block = next_pow2(n_cols)
     whole_rows = block <= max_block
     if not whole_rows:
         block = min(COL_BLOCK, max_block)
     warps = _bwd_num_warps(block) if backward else _fwd_num_warps(block)
     if not backward:
-        return Plan(whole_rows, 1, block, n_rows, {"num_warps": warps})
+        return Plan(whole_rows, 1, block, n_rows, (("num_warps", warps),))
     programs = max(1, min(n_rows, sms * _bwd_programs_per_sm(block)))
-    return Plan(whole_rows, 1, block, programs, {"num_warps": warps}, BWD_LOOP_STAGES)
+    return Plan(whole_rows, 1, block, programs, (("num_warps", warps),), BWD_LOOP_STAGES)
 
 
 def _planner(x: torch.Tensor, max_block: int) -> launch.Planner:

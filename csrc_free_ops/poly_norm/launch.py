@@ -3,11 +3,13 @@ differ only in the Plan (kernel choice, tile, grid, launch options)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from csrc_free_ops.launcher import Launcher
 from csrc_free_ops.poly_norm import kernels, param_grads
 
 
@@ -16,7 +18,7 @@ class Plan(NamedTuple):
     block_m: int
     block_n: int
     programs: int
-    options: dict  # extra launch options (num_warps on CUDA; none on the NPU)
+    options: tuple[tuple[str, int], ...]  # extra launch options (num_warps on CUDA; none on the NPU)
     loop_stages: int | None = None  # pipelining depth of the backward row loop (None: the compiler's default)
 
 
@@ -24,20 +26,44 @@ class Plan(NamedTuple):
 Planner = Callable[[int, int, int, bool], Plan]
 
 
+@functools.lru_cache(maxsize=256)
+def _launcher(backward: bool, whole_rows: bool, block_m: int, block_n: int, options: tuple, loop_stages) -> Launcher:
+    if not whole_rows:
+        kernel = kernels.bwd_blocked_kernel if backward else kernels.fwd_blocked_kernel
+        return Launcher(kernel, BLOCK_N=block_n, **dict(options))
+    if backward:
+        return Launcher(
+            kernels.bwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, LOOP_STAGES=loop_stages, **dict(options)
+        )
+    return Launcher(kernels.fwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, **dict(options))
+
+
+def _launch(p: Plan, backward: bool, *args) -> None:
+    _launcher(backward, p.whole_rows, p.block_m, p.block_n, p.options, p.loop_stages)(p.programs, *args)
+
+
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """t viewed as (rows, last dim): the tensor the kernel reads and its row and column strides."""
+    if t.is_contiguous():
+        return t, t.shape[-1], 1
+    t2d = t.reshape(-1, t.shape[-1])
+    return t2d, t2d.stride(0), t2d.stride(1)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, planner: Planner) -> torch.Tensor:
     n_cols = x.shape[-1]
-    x2d = x.reshape(-1, n_cols)
-    n_rows = x2d.shape[0]
-    y = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
+    n_rows = x.numel() // n_cols
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
-        return y.view(x.shape)
+        return y
     p = planner(n_rows, n_cols, x.element_size(), False)
-    args = (x2d, weight.contiguous(), bias, y, x2d.stride(0), x2d.stride(1), y.stride(0), n_rows, n_cols, eps)
-    if p.whole_rows:
-        kernels.fwd_tile_kernel[(p.programs,)](*args, BLOCK_M=p.block_m, BLOCK_N=p.block_n, **p.options)
-    else:
-        kernels.fwd_blocked_kernel[(p.programs,)](*args, BLOCK_N=p.block_n, **p.options)
-    return y.view(x.shape)
+    src, stride_row, stride_col = _rows(x)
+    _launch(p, False, src, _contiguous(weight), bias, y, stride_row, stride_col, n_cols, n_rows, n_cols, eps)
+    return y
 
 
 def backward(
@@ -45,26 +71,17 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight (3,), dbias (1,)); dweight and dbias in weight's dtype."""
     n_cols = x.shape[-1]
-    x2d = x.reshape(-1, n_cols)
-    dy2d = grad_out.reshape(-1, n_cols)
-    n_rows = x2d.shape[0]
-    dx = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
+    n_rows = x.numel() // n_cols
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         zeros = torch.zeros(4, dtype=weight.dtype, device=x.device)
-        return dx.view(x.shape), zeros[:3].clone(), zeros[3:].clone()
+        return dx, zeros[:3].clone(), zeros[3:].clone()
     p = planner(n_rows, n_cols, x.element_size(), True)
     # Every program stores its slot, so the buffer needs no zeroing.
     partial = torch.empty((p.programs, 4), dtype=torch.float32, device=x.device)
-    args = (
-        dy2d, x2d, weight.contiguous(), dx, partial,
-        dy2d.stride(0), dy2d.stride(1), x2d.stride(0), x2d.stride(1), dx.stride(0),
-        n_rows, n_cols, eps,
-    )  # fmt: skip
-    if p.whole_rows:
-        kernels.bwd_tile_kernel[(p.programs,)](
-            *args, BLOCK_M=p.block_m, BLOCK_N=p.block_n, LOOP_STAGES=p.loop_stages, **p.options
-        )
-    else:
-        kernels.bwd_blocked_kernel[(p.programs,)](*args, BLOCK_N=p.block_n, **p.options)
-    dweight, dbias = param_grads.reduce(partial, weight.dtype, **p.options)
-    return dx.view(x.shape), dweight, dbias
+    dy, dy_row, dy_col = _rows(grad_out)
+    src, x_row, x_col = _rows(x)
+    w = _contiguous(weight)
+    _launch(p, True, dy, src, w, dx, partial, dy_row, dy_col, x_row, x_col, n_cols, n_rows, n_cols, eps)
+    dweight, dbias = param_grads.reduce(partial, weight.dtype, p.options)
+    return dx, dweight, dbias

@@ -26,9 +26,9 @@ num_stages: triton-ascend ignores them.
 from __future__ import annotations
 
 import torch
-import triton
 
 from csrc_free_ops import device
+from csrc_free_ops.host_math import cdiv, next_pow2
 from csrc_free_ops.poly_norm import launch
 from csrc_free_ops.poly_norm.launch import Plan
 
@@ -52,11 +52,11 @@ def plan(n_rows: int, n_cols: int, elem_bytes: int, backward: bool) -> Plan:
     n_inputs, temps = (2, BWD_FP32_TEMPS) if backward else (1, FWD_FP32_TEMPS)
     tile = tile_elements(n_inputs, elem_bytes, temps)
     cores = min(device.npu_vector_cores(), device.NPU_MAX_GRID)
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_pow2(n_cols)
     if n_cols <= SMALL_ROW_MAX_COLS and block_n <= tile:
-        block_m = min(MAX_BLOCK_M, tile // block_n, triton.next_power_of_2(n_rows))
-        return Plan(True, block_m, block_n, min(cores, triton.cdiv(n_rows, block_m)), {})
-    return Plan(False, 1, min(block_n, tile), min(cores, n_rows), {})
+        block_m = min(MAX_BLOCK_M, tile // block_n, next_pow2(n_rows))
+        return Plan(True, block_m, block_n, min(cores, cdiv(n_rows, block_m)), ())
+    return Plan(False, 1, min(block_n, tile), min(cores, n_rows), ())
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:

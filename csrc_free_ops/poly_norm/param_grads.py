@@ -6,9 +6,14 @@ One program does it; the partials are a few hundred floats."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+
+from csrc_free_ops.host_math import next_pow2
+from csrc_free_ops.launcher import Launcher
 
 
 @triton.jit
@@ -24,11 +29,16 @@ def _reduce_kernel(PARTIAL, DW, DB, n_programs, BLOCK_P: tl.constexpr):
     tl.store(DB + idx - 3, sums.to(DB.dtype.element_ty), mask=idx == 3)
 
 
-def reduce(partial: torch.Tensor, dtype: torch.dtype, **launch_options) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dweight (3,), dbias (1,)) from a (programs, 4) float32 partial buffer."""
+@functools.lru_cache(maxsize=64)
+def _launcher(block_p: int, options: tuple) -> Launcher:
+    return Launcher(_reduce_kernel, BLOCK_P=block_p, **dict(options))
+
+
+def reduce(partial: torch.Tensor, dtype: torch.dtype, options: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dweight (3,), dbias (1,)) from a (programs, 4) float32 partial buffer;
+    options: extra launch options as (name, value) pairs."""
     dweight = torch.empty(3, dtype=dtype, device=partial.device)
     dbias = torch.empty(1, dtype=dtype, device=partial.device)
     n_programs = partial.shape[0]
-    block_p = min(triton.next_power_of_2(n_programs), 1024)
-    _reduce_kernel[(1,)](partial, dweight, dbias, n_programs, BLOCK_P=block_p, **launch_options)
+    _launcher(min(next_pow2(n_programs), 1024), options)(1, partial, dweight, dbias, n_programs)
     return dweight, dbias

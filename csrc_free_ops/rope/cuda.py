@@ -9,10 +9,14 @@ heads by the half width, capped at TILE_BYTES of input per half.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from csrc_free_ops.host_math import next_pow2
+from csrc_free_ops.launcher import Launcher
 from csrc_free_ops.rope import launch, row_math
 
 # Input bytes per half tile; bounds registers per program.  Small tiles and
@@ -49,12 +53,12 @@ def _rope_kernel(
 def head_block(n_heads: int, width: int, element_size: int) -> int:
     """Heads per tile: all of them when a [heads, width] tile fits TILE_BYTES."""
     cap = max(1, TILE_BYTES // (width * element_size))
-    return max(1, min(triton.next_power_of_2(max(1, n_heads)), 1 << (cap.bit_length() - 1)))
+    return max(1, min(next_pow2(max(1, n_heads)), 1 << (cap.bit_length() - 1)))
 
 
 def num_warps(block_h: int, width: int, element_size: int) -> int:
     threads = block_h * width * element_size // (VECTOR_BYTES * VECTORS_PER_THREAD)
-    return max(1, min(MAX_WARPS, triton.next_power_of_2(max(1, threads // 32))))
+    return max(1, min(MAX_WARPS, next_pow2(max(1, threads // 32))))
 
 
 def rotate_into(
@@ -72,17 +76,24 @@ def rotate_into(
     p = launch.problem(q, k, cos)
     if p.empty:
         return
+    run = _launcher(p.n_qh, p.n_kh, p.head_dim, p.rot_dim, q.element_size(), backward, copy_pass)
+    run(p.rows, *launch.kernel_args(p, q, k, qo, ko, cos, sin))
+
+
+@functools.lru_cache(maxsize=256)
+def _launcher(
+    n_qh: int, n_kh: int, head_dim: int, rot_dim: int, size: int, backward: bool, copy_pass: bool
+) -> Launcher:
+    """The kernel with its tiles and warps for one head layout and dtype size."""
+    p = launch.Problem(1, 1, n_qh, n_kh, head_dim, rot_dim)
     half_w = launch.block_half(p)
     pass_w = launch.block_pass(p)
     width = max(half_w, pass_w) if copy_pass else half_w
-    size = q.element_size()
-    block_qh = head_block(p.n_qh, width, size)
-    block_kh = head_block(p.n_kh, width, size)
-    _rope_kernel[(p.rows,)](
-        *launch.kernel_args(q, k, qo, ko, cos, sin),
-        BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=half_w, BLOCK_PASS=pass_w,
-        BACKWARD=backward, COPY_PASS=copy_pass,
-        num_warps=num_warps(max(block_qh, block_kh), width, size),
+    block_qh = head_block(n_qh, width, size)
+    block_kh = head_block(n_kh, width, size)
+    return Launcher(
+        _rope_kernel, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=half_w, BLOCK_PASS=pass_w,
+        BACKWARD=backward, COPY_PASS=copy_pass, num_warps=num_warps(max(block_qh, block_kh), width, size),
     )  # fmt: skip
 
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-import triton
+
+from csrc_free_ops.host_math import next_pow2
 
 
 class Problem(NamedTuple):
@@ -40,19 +41,24 @@ def table_strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def block_half(p: Problem) -> int:
-    return triton.next_power_of_2(p.rot_dim // 2)
+    return next_pow2(p.rot_dim // 2)
 
 
 def block_pass(p: Problem) -> int:
     """Tile width of the pass-through dims (1 when the whole head rotates)."""
-    return triton.next_power_of_2(max(1, p.head_dim - p.rot_dim))
+    return next_pow2(max(1, p.head_dim - p.rot_dim))
 
 
 def kernel_args(
-    q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    p: Problem,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    qo: torch.Tensor,
+    ko: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
 ) -> tuple:
-    """Every runtime argument of the row kernels after the row index, in order."""
-    p = problem(q, k, cos)
+    """Every runtime argument of the row kernels, in order (p: the problem of q, k, cos)."""
     return (
         q, k, qo, ko, cos, sin,
         p.seq_len, p.n_qh, p.n_kh, p.rot_dim // 2, p.rot_dim, p.head_dim,

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from csrc_free_ops import device
+from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.rope import launch, row_math
 
 FP32_BYTES = 4
@@ -79,7 +80,7 @@ def head_bytes(block_half: int, block_pass: int, element_size: int, copy_pass: b
 def head_block(n_heads: int, per_head: int, fixed: int, ub_bytes: int) -> int:
     budget = ub_bytes // DOUBLE_BUFFERING - fixed
     fit = max(1, budget // per_head)
-    return max(1, min(triton.next_power_of_2(max(1, n_heads)), 1 << (fit.bit_length() - 1)))
+    return max(1, min(next_pow2(max(1, n_heads)), 1 << (fit.bit_length() - 1)))
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, copy_pass: bool) -> NpuPlan:
@@ -118,7 +119,7 @@ def rotate_into(
         return
     cfg = plan(q, k, cos, copy_pass)
     _rope_kernel[(cfg.grid,)](
-        *launch.kernel_args(q, k, qo, ko, cos, sin), p.rows,
+        *launch.kernel_args(p, q, k, qo, ko, cos, sin), p.rows,
         BLOCK_QH=cfg.block_qh, BLOCK_KH=cfg.block_kh, BLOCK_HALF=cfg.block_half, BLOCK_PASS=cfg.block_pass,
         BACKWARD=backward, COPY_PASS=copy_pass,
     )  # fmt: skip

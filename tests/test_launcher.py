@@ -1,0 +1,95 @@
+"""csrc_free_ops.launcher: the direct launch of a cached compiled kernel must
+pick exactly the kernel Triton's own launch would pick, for every property
+Triton specializes on, and compute the same results; where it cannot be
+used it must fall back to ``kernel[grid]``."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from csrc_free_ops import launcher as launcher_mod
+from csrc_free_ops.launcher import Launcher
+from tests.helpers import DEVICE
+
+CUDA = torch.cuda.is_available()
+
+
+@triton.jit
+def _scaled_gather(X, Y, n, stride, offset, scale, BLOCK: tl.constexpr):
+    """Y[i] = X[i * stride] * scale + offset % 5, for i < n."""
+    i = tl.arange(0, BLOCK)
+    mask = i < n
+    x = tl.load(X + i * stride, mask=mask, other=0.0)
+    tl.store(Y + i, x * scale + (offset % 5) * 1.0, mask=mask)  # offset may be the constexpr 1
+
+
+@triton.jit
+def _constexpr_default(Y, n, BLOCK: tl.constexpr, SCALE: tl.constexpr = 2):
+    i = tl.arange(0, BLOCK)
+    tl.store(Y + i, i.to(tl.float32) * SCALE, mask=i < n)
+
+
+def _expected(x: torch.Tensor, n: int, stride: int, offset: int, scale: float) -> torch.Tensor:
+    return x[: n * stride : stride] * scale + float(offset % 5)
+
+
+# Values on both sides of every specialization boundary: 1, multiples of 16,
+# and ints past int32.
+SIZES = (1, 16, 17)
+STRIDES = (1, 2, 16)
+OFFSETS = (1, 3, 16, 2**31 + 1, 2**32)
+
+
+@pytest.mark.skipif(not CUDA, reason="the direct launch exists on CUDA builds of Triton only")
+@pytest.mark.skipif(
+    ".".join(triton.__version__.split(".")[:2]) not in launcher_mod.DIRECT_LAUNCH_TRITON,
+    reason="this Triton version always takes kernel[grid]",
+)
+def test_direct_launch_selects_tritons_kernel_and_matches_it():
+    run = Launcher(_scaled_gather, BLOCK=32)
+    base = torch.randn(32 * 16 + 8, device=DEVICE)
+    for n, stride, offset, aligned in itertools.product(SIZES, STRIDES, OFFSETS, (True, False)):
+        x = base if aligned else base[1:]  # 4 bytes past a 16-byte boundary
+        first, second = torch.full((32,), float("nan"), device=DEVICE), torch.full((32,), float("nan"), device=DEVICE)
+        run(1, x, first, n, stride, offset, 0.5)  # compiles (or finds) and caches
+        run(1, x, second, n, stride, offset, 0.5)  # direct launch
+        expected = _expected(x, n, stride, offset, 0.5)
+        torch.testing.assert_close(first[:n], expected)
+        torch.testing.assert_close(second[:n], expected)
+        assert torch.isnan(second[n:]).all()
+        cached = run.compiled_for(x, second, n, stride, offset, 0.5)
+        assert cached is not None
+        selected = _scaled_gather[(1,)](x, second, n, stride, offset, 0.5, BLOCK=32)
+        assert cached is selected, (n, stride, offset, aligned)
+
+
+def test_launcher_computes_what_the_kernel_does(dev):
+    """On every backend (the interpreter on CPU), repeated calls give the kernel's results."""
+    run = Launcher(_scaled_gather, BLOCK=32)
+    x = torch.randn(64, device=dev)
+    for n, stride in ((17, 2), (16, 1), (1, 3)):
+        for _ in range(2):
+            y = torch.full((32,), float("nan"), device=dev)
+            run(1, x, y, n, stride, 7, 2.0)
+            torch.testing.assert_close(y[:n], _expected(x, n, stride, 7, 2.0))
+
+
+def test_constexprs_left_to_their_defaults_take_the_regular_launch(dev):
+    """The direct path appends the constexprs from meta; one it does not hold disables it."""
+    run = Launcher(_constexpr_default, BLOCK=8)
+    y = torch.full((8,), float("nan"), device=dev)
+    run(1, y, 5)
+    run(1, y, 5)
+    if CUDA:
+        assert run.compiled_for(y, 5) is None
+    torch.testing.assert_close(y[:5], 2 * torch.arange(5, dtype=torch.float32, device=dev))
+
+
+@pytest.mark.skipif(CUDA, reason="checks the interpreter's fallback")
+def test_interpreter_never_takes_the_direct_path():
+    assert not launcher_mod._direct_launch_supported(_scaled_gather)
