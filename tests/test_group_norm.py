@@ -174,21 +174,25 @@ def poison_allocations(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("shape", "groups", "opts", "fused"),
+    ("shape", "groups", "opts", "path"),
     [
-        ((2, 6, 5, 7), 3, {}, True),  # one channel block over three groups, merged by the apply / dx programs
-        ((2, 16, 128), 1, {"tile": 8, "target_items": 1}, True),  # a fused merge of several [1, 8] steps
-        ((2, 4, 33, 17), 2, {"tile": 16, "target_items": 64}, False),  # many partials per group: finalize launches
+        ((2, 6, 5, 7), 3, {}, "whole"),  # each (sample, group) normalized by one program, padded both ways
+        ((2, 6, 5, 7), 3, {"whole_group_tile": 0}, "fused"),  # one channel block over three groups, merged in place
+        ((2, 16, 128), 1, {"tile": 8, "target_items": 1}, "fused"),  # a fused merge of several [1, 8] steps
+        ((2, 4, 33, 17), 2, {"tile": 16, "target_items": 64}, "finalize"),  # many partials per group
     ],
 )
-def test_fused_and_finalize_merges_write_every_output(monkeypatch, shape, groups, opts, fused):
-    """Both ways of merging a group's partials, with NaN-poisoned allocations
-    (y, dx, dweight, dbias and the workspace are all torch.empty)."""
+def test_every_path_writes_every_output(monkeypatch, shape, groups, opts, path):
+    """The whole-group kernels and both ways of merging a group's partials,
+    with NaN-poisoned allocations (y, dx, dweight, dbias and the workspace
+    are all torch.empty)."""
     policy = cuda.CudaPolicy(torch.device(DEVICE), **opts)
     for backward in (False, True):
         plan = policy.plan(torch.empty(shape), groups, backward)
-        assert plan.fused == fused
-        if opts and fused:
+        assert plan.whole_groups == (path == "whole")
+        if path != "whole":
+            assert plan.fused == (path == "fused")
+        if path == "fused" and "tile" in opts:
             assert policy.finalize_block(plan.segments_per_group, plan.block_c) < plan.segments_per_group
     x = make_x(shape, torch.float32, offset=2.0)
     weight, bias = make_params(shape[1], "both", torch.float32)

@@ -122,10 +122,20 @@ def test_npu_fused_and_finalize_merges_write_every_output(monkeypatch, dtype, sh
     check_against_reference(y, grads, x, 1, weight, bias, dy, 1e-5, dtype)
 
 
-def test_default_profile_plans_single_tile_groups(monkeypatch):
+def test_default_profile_plans_whole_groups(monkeypatch):
+    """Small groups: one program per (sample, group), inside the UB budget."""
     monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", "Ascend910B4")
-    plan = npu.NpuPolicy().plan(torch.empty(2, 6, 5, 7), 3, backward=True)
-    assert plan.splits == 1 and plan.chunk == plan.block_hw and plan.block_c == 8
+    for backward in (False, True):
+        plan = npu.NpuPolicy().plan(torch.empty(2, 6, 5, 7), 3, backward=backward)
+        assert plan.whole_groups and (plan.block_c, plan.block_hw) == (2, 64)
+        per_element = npu.group_bytes_per_element(4, backward)
+        assert plan.block_c * plan.block_hw * per_element <= device.npu_ub_bytes() // 2
+
+
+def test_default_profile_splits_groups_over_the_ub_budget(monkeypatch):
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", "Ascend910B4")
+    plan = npu.NpuPolicy().plan(torch.empty(2, 8, 64, 64), 1, backward=True)
+    assert not plan.whole_groups and plan.block_c * plan.block_hw < 8 * 4096
 
 
 @pytest.mark.parametrize("cores", [1, 40, 10**6])
@@ -144,8 +154,12 @@ def test_tiles_fit_half_the_ub(ascend):
             cost = npu.bytes_per_element(itemsize, backward)
             tile = npu.tile_elements(cost)
             assert tile * cost <= budget or tile == 1
-            plan = npu.NpuPolicy().plan(torch.empty(2, 64, 300, dtype=dtype), 4, backward)
-            assert plan.block_c * plan.block_hw <= tile
+            for shape in ((2, 64, 300), (2, 8, 100)):  # split, then (on real profiles) whole groups
+                plan = npu.NpuPolicy().plan(torch.empty(shape, dtype=dtype), 4, backward)
+                if plan.whole_groups:
+                    assert plan.block_c * plan.block_hw * npu.group_bytes_per_element(itemsize, backward) <= budget
+                else:
+                    assert plan.block_c * plan.block_hw <= tile
     assert npu.tile_elements(npu.FINALIZE_BYTES_PER_ELEMENT) * npu.FINALIZE_BYTES_PER_ELEMENT <= budget
 
 

@@ -3,6 +3,7 @@ TRITON_INTERPRET=1).
 
 The kernels live in ``kernels.py`` (shared with the NPU launchers) and the
 launch sequence in ``launch.py``; this module is the CUDA launch policy:
+a group of up to FWD/BWD_GROUP_TILE elements held whole by one program, else
 register-sized tiles, enough work items for a few waves per SM (a group's
 statistics are split across programs when N * channel blocks falls short),
 and a grid capped at a few programs per SM, walking the rest with a stride.
@@ -16,9 +17,13 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size
+from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size, whole_group_plan
 from csrc_free_ops.host_math import next_pow2
 
+# Largest group (channels x spatial, each padded to a power of two) one program
+# holds whole in registers: the backward keeps about twice the forward's arrays.
+FWD_GROUP_TILE = 8192
+BWD_GROUP_TILE = 4096
 # Elements of one [block_c, block_hw] tile: the forward keeps two float32
 # accumulators per element, the backward four, so it takes half the tile.
 FWD_TILE = 4096
@@ -40,18 +45,29 @@ class CudaPolicy:
         dev: torch.device | None,
         tile: int | None = None,
         target_items: int | None = None,
+        whole_group_tile: int | None = None,
         *,
         sms: int | None = None,
     ):
+        """tile / target_items / whole_group_tile override the defaults (tests
+        use them to force each path on small shapes; whole_group_tile=0 turns
+        the whole-group path off; a given tile also caps it)."""
         self._sms = sms if sms is not None else device.num_sms(dev)
         self._tile = tile
         self._target = target_items if target_items is not None else self._sms * ITEMS_PER_SM
-        self.key = ("cuda", self._sms, tile, self._target)
+        self._whole = whole_group_tile
+        self.key = ("cuda", self._sms, tile, self._target, whole_group_tile)
 
     def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan:
         return self.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
 
     def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan:
+        whole_cap = self._whole if self._whole is not None else self._tile
+        if whole_cap is None:
+            whole_cap = BWD_GROUP_TILE if backward else FWD_GROUP_TILE
+        whole = whole_group_plan(n, c, hw, groups, whole_cap) if whole_cap else None
+        if whole is not None:
+            return whole
         tile = self._tile or (BWD_TILE if backward else FWD_TILE)
         return make_plan((n, c, hw), groups, tile=tile, max_block_hw=MAX_BLOCK_HW, target_items=self._target)
 
@@ -71,8 +87,8 @@ class CudaPolicy:
 
 
 @functools.lru_cache(maxsize=64)
-def _policy(sms: int, tile: int | None, target_items: int | None) -> CudaPolicy:
-    return CudaPolicy(None, tile, target_items, sms=sms)
+def _policy(sms: int, tile: int | None, target_items: int | None, whole_group_tile: int | None) -> CudaPolicy:
+    return CudaPolicy(None, tile, target_items, whole_group_tile, sms=sms)
 
 
 def forward(
@@ -84,10 +100,11 @@ def forward(
     *,
     tile: int | None = None,
     target_items: int | None = None,
+    whole_group_tile: int | None = None,
 ) -> torch.Tensor:
-    """tile / target_items override the policy (tests use them to force the
-    multi-block and split paths on small shapes)."""
-    return launch.forward(x, num_groups, weight, bias, eps, _policy(device.num_sms(x.device), tile, target_items))
+    """The keywords override the policy (see CudaPolicy)."""
+    policy = _policy(device.num_sms(x.device), tile, target_items, whole_group_tile)
+    return launch.forward(x, num_groups, weight, bias, eps, policy)
 
 
 def backward(
@@ -100,7 +117,8 @@ def backward(
     *,
     tile: int | None = None,
     target_items: int | None = None,
+    whole_group_tile: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(dx, dweight or None, dbias or None)."""
-    policy = _policy(device.num_sms(x.device), tile, target_items)
+    """(dx, dweight or None, dbias or None); the keywords override the policy (see CudaPolicy)."""
+    policy = _policy(device.num_sms(x.device), tile, target_items, whole_group_tile)
     return launch.backward(grad_out, x, num_groups, weight, bias, eps, policy)

@@ -334,3 +334,79 @@ def channel_reduce_kernel(
             tl.store(DW + cs, tl.sum(acc_w, 0).to(DW.dtype.element_ty), mask=c_mask)
         if HAS_B:
             tl.store(DB + cs, tl.sum(acc_b, 0).to(DB.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _whole_group(X, row, cpg, hw, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """Offsets, mask, x - mean (zero outside the group) and rstd of the
+    (sample, group) ``row`` (int64) of a contiguous (N, C, HW) x; the group's
+    cpg * hw elements are contiguous."""
+    ch = tl.arange(0, BLOCK_C)
+    cols = tl.arange(0, BLOCK_HW)
+    mask = (ch < cpg)[:, None] & (cols < hw)[None, :]
+    offs = row * cpg * hw + ch[:, None] * hw + cols[None, :]
+    size = _group_size(cpg, hw)
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(tl.sum(x, 1), 0) / size
+    d = tl.where(mask, x - mean, 0.0)
+    return offs, mask, d, tl.sum(tl.sum(d * d, 1), 0) / size
+
+
+@triton.jit
+def fwd_group_kernel(
+    X, Y, W, B, PART, N, C, hw, cpg, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+):  # fmt: skip
+    """y = (x - mean) * rstd * w + b with each (sample, group) held whole by one
+    program (exact two-pass variance in registers).  Takes fwd_apply_kernel's
+    runtime arguments; PART and chunk are unused."""
+    groups = C // cpg
+    n_rows = tl.cast(N, tl.int64) * groups
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(row, tl.int64)
+        offs, mask, d, var = _whole_group(X, row, cpg, hw, BLOCK_C, BLOCK_HW)
+        cs = (row % groups) * cpg + tl.arange(0, BLOCK_C)
+        c_mask = tl.arange(0, BLOCK_C) < cpg
+        scale = tl.full([BLOCK_C], 1.0, dtype=tl.float32) * tl.math.rsqrt(var + eps)
+        if HAS_W:
+            scale = scale * tl.load(W + cs, mask=c_mask, other=0.0).to(tl.float32)
+        shift = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if HAS_B:
+            shift = tl.load(B + cs, mask=c_mask, other=0.0).to(tl.float32)
+        y = d * scale[:, None] + shift[:, None]
+        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def bwd_group_kernel(
+    X, DY, DX, W, PART, N, C, hw, cpg, chunk, eps,
+    HAS_W: tl.constexpr, PARAM_GRADS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+):  # fmt: skip
+    """dx for each (sample, group) held whole by one program, and with
+    PARAM_GRADS the per-(sample, channel) partials that channel_reduce_kernel
+    sums: PART[4] = sum(dy * xhat), PART[2] = sum(dy), in the (N, C) rows of
+    a one-segment plan.  Takes bwd_dx_kernel's runtime arguments (chunk
+    unused)."""
+    groups = C // cpg
+    n_rows = tl.cast(N, tl.int64) * groups
+    n_segments = tl.cast(N, tl.int64) * C
+    size = _group_size(cpg, hw)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(row, tl.int64)
+        offs, mask, d, var = _whole_group(X, row, cpg, hw, BLOCK_C, BLOCK_HW)
+        rstd = tl.math.rsqrt(var + eps)
+        cs = (row % groups) * cpg + tl.arange(0, BLOCK_C)
+        c_mask = tl.arange(0, BLOCK_C) < cpg
+        dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+        xhat = d * rstd
+        g = dy
+        if HAS_W:
+            g = dy * tl.load(W + cs, mask=c_mask, other=0.0).to(tl.float32)[:, None]
+        mg = tl.sum(tl.sum(g, 1), 0) / size
+        mgx = tl.sum(tl.sum(g * xhat, 1), 0) / size
+        dx = rstd * (g - mg - xhat * mgx)
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+        if PARAM_GRADS:
+            seg = (row // groups) * C + cs
+            tl.store(PART + 4 * n_segments + seg, tl.sum(dy * xhat, 1), mask=c_mask)
+            tl.store(PART + 2 * n_segments + seg, tl.sum(dy, 1), mask=c_mask)

@@ -12,8 +12,9 @@ it can: everything that depends only on (policy, shape, groups, dtype size,
 which parameters are given) -- the plan, the grids and the kernel launchers
 (``csrc_free_ops.launcher``) -- is built once and kept in ``_STEPS`` under a key
 of plain ints; a call then allocates its outputs and one float32 workspace
-and makes 2 (forward) or 3 (backward) launches, plus one finalize launch
-when the plan is not ``fused``.
+and launches.  Whole-group plans take 1 launch forward and 1 backward (plus
+the dweight / dbias reduce); split plans 2 forward and 3 backward, plus one
+finalize launch when the plan is not ``fused``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class _Steps(NamedTuple):
     workspace: int  # float32 elements of PART (+ STATS)
     stream_sizes: tuple[int, int, int, int]  # (N, C, HW, chunk): the partials kernels' size arguments
     sizes: tuple[int, int, int, int, int]  # (N, C, HW, channels per group, chunk): everyone else's
-    partials: _Launch
+    partials: _Launch | None  # None for whole-group plans
     finalize: _Launch | None
     main: _Launch  # apply (forward) or dx (backward)
     reduce: _Launch | None  # dweight / dbias column sums (backward)
@@ -89,9 +90,8 @@ def _launch(kernel, grid: int, **meta) -> _Launch:
     return _Launch(Launcher(kernel, **meta), grid)
 
 
-def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, has_w: bool, has_b: bool,
-           backward: bool) -> _Steps:  # fmt: skip
-    p = policy.plan_for(n, c, hw, groups, itemsize, backward)
+def _split_steps(policy: Policy, p: Plan, has_w: bool, has_b: bool, backward: bool) -> tuple:
+    """(partials, finalize or None, main, workspace) of a plan whose groups are split into items."""
     tile = p.block_c * p.block_hw
     blocks = {"BLOCK_C": p.block_c, "BLOCK_HW": p.block_hw}
     parts, stats = (BWD_PARTS, BWD_STATS) if backward else (FWD_PARTS, FWD_STATS)
@@ -115,6 +115,25 @@ def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, 
         kernels.bwd_dx_kernel if backward else kernels.fwd_apply_kernel,
         policy.grid(p.items), **flags, **blocks, BLOCK_P=block_p, **policy.options(tile),
     )  # fmt: skip
+    return partials, finalize, main, workspace
+
+
+def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, has_w: bool, has_b: bool,
+           backward: bool) -> _Steps:  # fmt: skip
+    p = policy.plan_for(n, c, hw, groups, itemsize, backward)
+    tile = p.block_c * p.block_hw
+    blocks = {"BLOCK_C": p.block_c, "BLOCK_HW": p.block_hw}
+    if p.whole_groups:
+        partials = finalize = None
+        param_grads = backward and (has_w or has_b)
+        workspace = BWD_PARTS * p.segments if param_grads else 0
+        flags = {"HAS_W": has_w, "PARAM_GRADS": param_grads} if backward else {"HAS_W": has_w, "HAS_B": has_b}
+        main = _launch(
+            kernels.bwd_group_kernel if backward else kernels.fwd_group_kernel,
+            policy.grid(p.rows), **flags, **blocks, **policy.options(tile),
+        )  # fmt: skip
+    else:
+        partials, finalize, main, workspace = _split_steps(policy, p, has_w, has_b, backward)
     reduce = None
     if backward and (has_w or has_b):
         block_r, block_c = policy.reduce_blocks(p.part_rows, c)
@@ -156,8 +175,9 @@ def forward(
     weight = _contiguous(weight) if has_w else x
     bias = _contiguous(bias) if has_b else x
     s = _steps(policy, x, num_groups, has_w, has_b, False)
-    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device)
-    s.partials.run(x, part, *s.stream_sizes)
+    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device) if s.workspace else x
+    if s.partials is not None:
+        s.partials.run(x, part, *s.stream_sizes)
     if s.finalize is not None:
         s.finalize.run(part, *s.sizes, eps)
     s.main.run(x, y, weight, bias, part, *s.sizes, eps)
@@ -188,8 +208,9 @@ def backward(
     dbias = torch.empty(c, dtype=bias.dtype, device=x.device) if has_b else None
     w = _contiguous(weight) if has_w else x
     s = _steps(policy, x, num_groups, has_w, has_b, True)
-    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device)
-    s.partials.run(x, dy, part, *s.stream_sizes)
+    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device) if s.workspace else x
+    if s.partials is not None:
+        s.partials.run(x, dy, part, *s.stream_sizes)
     if s.finalize is not None:
         s.finalize.run(part, w, *s.sizes, eps)
     s.main.run(x, dy, dx, w, part, *s.sizes, eps)

@@ -23,6 +23,11 @@ tile = largest power of two <= (UB / 2) / bytes_per_element.  Per element
                        (the finalize kernels, and the dx / apply kernels
                        that merge their groups themselves)
     reduce             two float32 loads + two accumulators              16
+    whole group fwd    x, y (2s) + x, x - mean, y in float32 (3 x 4)     2s + 12
+    whole group bwd    x, dy, dx (3s) + five float32 arrays              3s + 20
+
+A group whose padded [channels, spatial] tile fits the whole-group budget is
+normalized by one program (one launch forward, one plus the reduce backward).
 
 A direction's streaming kernels share one tile, sized by the costlier one.
 """
@@ -33,13 +38,18 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size
+from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size, whole_group_plan
 from csrc_free_ops.host_math import next_pow2
 
 FINALIZE_BYTES_PER_ELEMENT = 28
 REDUCE_BYTES_PER_ELEMENT = 16
 # Channels of one reduce tile (at most).
 REDUCE_BLOCK_C = 64
+
+
+def group_bytes_per_element(itemsize: int, backward: bool) -> int:
+    """UB bytes per element of a whole-group tile."""
+    return 3 * itemsize + 20 if backward else 2 * itemsize + 12
 
 
 def bytes_per_element(itemsize: int, backward: bool) -> int:
@@ -67,6 +77,10 @@ class NpuPolicy:
         return self.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
 
     def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan:
+        whole_cap = tile_elements(group_bytes_per_element(itemsize, backward), self._ub)
+        whole = whole_group_plan(n, c, hw, groups, whole_cap)
+        if whole is not None:
+            return whole
         tile = tile_elements(bytes_per_element(itemsize, backward), self._ub)
         return make_plan((n, c, hw), groups, tile=tile, max_block_hw=tile, target_items=self._cores)
 

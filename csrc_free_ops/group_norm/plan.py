@@ -1,6 +1,8 @@
 """How a GroupNorm launch splits its work; plain Python, shared by both backends.
 
-x is viewed as (N, C, HW) with HW the product of the spatial sizes.  A work
+x is viewed as (N, C, HW) with HW the product of the spatial sizes.  When a
+whole group fits one tile (``whole_group_plan``), one program normalizes a
+(sample, group) from registers.  Otherwise a work
 item is a tile of ``block_c`` channels of one sample over one *segment* of
 the spatial axis: ``chunk`` positions, a multiple of ``block_hw``.  Each item
 walks its segment in [block_c, block_hw] tiles.  When N * ceil(C / block_c)
@@ -37,6 +39,9 @@ class Plan:
     block_hw: int
     splits: int
     chunk: int
+    # One program holds a whole (sample, group) in a [block_c, block_hw] tile:
+    # x is read once, and no partials, merge or finalize are needed.
+    whole_groups: bool = False
 
     @property
     def channels_per_group(self) -> int:
@@ -79,6 +84,15 @@ class Plan:
 
 def spatial_size(x_shape: tuple[int, ...]) -> int:
     return math.prod(x_shape[2:])
+
+
+def whole_group_plan(n: int, c: int, hw: int, groups: int, max_tile: int) -> Plan | None:
+    """The whole-group plan when one group's [channels, spatial] tile, padded
+    to powers of two, has at most max_tile elements; else None."""
+    block_c, block_hw = next_pow2(c // groups), next_pow2(hw)
+    if block_c * block_hw > max_tile:
+        return None
+    return Plan(n, c, hw, groups, block_c, block_hw, 1, hw, whole_groups=True)
 
 
 def make_plan(x_shape: tuple[int, ...], groups: int, *, tile: int, max_block_hw: int, target_items: int) -> Plan:
