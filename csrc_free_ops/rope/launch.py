@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
 from csrc_free_ops.host_math import next_pow2
 
@@ -49,15 +50,7 @@ def block_pass(p: Problem) -> int:
     return next_pow2(max(1, p.head_dim - p.rot_dim))
 
 
-def kernel_args(
-    p: Problem,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    qo: torch.Tensor,
-    ko: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-) -> tuple:
+def kernel_args(p: Problem, q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor) -> tuple:
     """Every runtime argument of the row kernels, in order (p: the problem of q, k, cos)."""
     return (
         q, k, qo, ko, cos, sin,
