@@ -52,14 +52,17 @@ def define(schema: str, kernel: Callable) -> str:
     return "liger::" + name
 
 
+def _below_autograd(op: Callable, args: tuple):
+    """Call ``op`` with dispatch starting below the Autograd key."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def call_from_backward(op: Callable, *args):
     """Call ``op`` inside an autograd formula.  Unless the backward itself is
     being differentiated (grad mode on), the op's Autograd kernel would only
     redispatch, so dispatch starts below it: one Python kernel fewer."""
-    if torch.is_grad_enabled():
-        return op(*args)
-    with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
+    return op(*args) if torch.is_grad_enabled() else _below_autograd(op, args)
 
 
 def register_autograd(
@@ -92,8 +95,7 @@ def register_autograd(
         @staticmethod
         def forward(ctx, *args):
             args = complete(args)
-            with torch._C._AutoDispatchBelowAutograd():
-                output = op(*args)
+            output = _below_autograd(op, args)
             setup_context(ctx, args, output)
             return output
 
@@ -106,7 +108,6 @@ def register_autograd(
     def autograd_kernel(*args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return Formula.apply(*args)
-        with torch._C._AutoDispatchBelowAutograd():
-            return op(*args)
+        return _below_autograd(op, args)
 
     LIB.impl(name, autograd_kernel, "Autograd")

@@ -337,19 +337,22 @@ def channel_reduce_kernel(
 
 
 @triton.jit
-def _whole_group(X, row, cpg, hw, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """Offsets, mask, x - mean (zero outside the group) and rstd of the
-    (sample, group) ``row`` (int64) of a contiguous (N, C, HW) x; the group's
-    cpg * hw elements are contiguous."""
+def _whole_group(X, row, groups, cpg, hw, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """For the (sample, group) ``row`` (int64) of a contiguous (N, C, HW) x,
+    whose cpg * hw elements are contiguous: the tile's offsets and mask, the
+    group's channel indices and their mask, x - mean (zero outside the group)
+    and the variance."""
     ch = tl.arange(0, BLOCK_C)
+    c_mask = ch < cpg
     cols = tl.arange(0, BLOCK_HW)
-    mask = (ch < cpg)[:, None] & (cols < hw)[None, :]
+    mask = c_mask[:, None] & (cols < hw)[None, :]
     offs = row * cpg * hw + ch[:, None] * hw + cols[None, :]
     size = _group_size(cpg, hw)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     mean = tl.sum(tl.sum(x, 1), 0) / size
     d = tl.where(mask, x - mean, 0.0)
-    return offs, mask, d, tl.sum(tl.sum(d * d, 1), 0) / size
+    cs = (row % groups) * cpg + ch
+    return offs, mask, cs, c_mask, d, tl.sum(tl.sum(d * d, 1), 0) / size
 
 
 @triton.jit
@@ -364,9 +367,7 @@ def fwd_group_kernel(
     n_rows = tl.cast(N, tl.int64) * groups
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        offs, mask, d, var = _whole_group(X, row, cpg, hw, BLOCK_C, BLOCK_HW)
-        cs = (row % groups) * cpg + tl.arange(0, BLOCK_C)
-        c_mask = tl.arange(0, BLOCK_C) < cpg
+        offs, mask, cs, c_mask, d, var = _whole_group(X, row, groups, cpg, hw, BLOCK_C, BLOCK_HW)
         scale = tl.full([BLOCK_C], 1.0, dtype=tl.float32) * tl.math.rsqrt(var + eps)
         if HAS_W:
             scale = scale * tl.load(W + cs, mask=c_mask, other=0.0).to(tl.float32)
@@ -393,10 +394,8 @@ def bwd_group_kernel(
     size = _group_size(cpg, hw)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        offs, mask, d, var = _whole_group(X, row, cpg, hw, BLOCK_C, BLOCK_HW)
+        offs, mask, cs, c_mask, d, var = _whole_group(X, row, groups, cpg, hw, BLOCK_C, BLOCK_HW)
         rstd = tl.math.rsqrt(var + eps)
-        cs = (row % groups) * cpg + tl.arange(0, BLOCK_C)
-        c_mask = tl.arange(0, BLOCK_C) < cpg
         dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
         xhat = d * rstd
         g = dy

@@ -121,16 +121,14 @@ def _split_steps(policy: Policy, p: Plan, has_w: bool, has_b: bool, backward: bo
 def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, has_w: bool, has_b: bool,
            backward: bool) -> _Steps:  # fmt: skip
     p = policy.plan_for(n, c, hw, groups, itemsize, backward)
-    tile = p.block_c * p.block_hw
-    blocks = {"BLOCK_C": p.block_c, "BLOCK_HW": p.block_hw}
     if p.whole_groups:
         partials = finalize = None
         param_grads = backward and (has_w or has_b)
         workspace = BWD_PARTS * p.segments if param_grads else 0
         flags = {"HAS_W": has_w, "PARAM_GRADS": param_grads} if backward else {"HAS_W": has_w, "HAS_B": has_b}
         main = _launch(
-            kernels.bwd_group_kernel if backward else kernels.fwd_group_kernel,
-            policy.grid(p.rows), **flags, **blocks, **policy.options(tile),
+            kernels.bwd_group_kernel if backward else kernels.fwd_group_kernel, policy.grid(p.rows),
+            **flags, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **policy.options(p.block_c * p.block_hw),
         )  # fmt: skip
     else:
         partials, finalize, main, workspace = _split_steps(policy, p, has_w, has_b, backward)
@@ -175,7 +173,7 @@ def forward(
     weight = _contiguous(weight) if has_w else x
     bias = _contiguous(bias) if has_b else x
     s = _steps(policy, x, num_groups, has_w, has_b, False)
-    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device) if s.workspace else x
+    part = _workspace(s, x)
     if s.partials is not None:
         s.partials.run(x, part, *s.stream_sizes)
     if s.finalize is not None:
@@ -208,7 +206,7 @@ def backward(
     dbias = torch.empty(c, dtype=bias.dtype, device=x.device) if has_b else None
     w = _contiguous(weight) if has_w else x
     s = _steps(policy, x, num_groups, has_w, has_b, True)
-    part = torch.empty(s.workspace, dtype=torch.float32, device=x.device) if s.workspace else x
+    part = _workspace(s, x)
     if s.partials is not None:
         s.partials.run(x, dy, part, *s.stream_sizes)
     if s.finalize is not None:
@@ -218,6 +216,11 @@ def backward(
         part_rows = s.plan.n * s.plan.splits
         s.reduce.run(part, dweight if has_w else part, dbias if has_b else part, part_rows, c)
     return dx, dweight, dbias
+
+
+def _workspace(s: _Steps, x: torch.Tensor) -> torch.Tensor:
+    """The float32 workspace of these steps; x stands in for the PART argument of plans that need none."""
+    return torch.empty(s.workspace, dtype=torch.float32, device=x.device) if s.workspace else x
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:

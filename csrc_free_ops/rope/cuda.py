@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
 import triton
 import triton.language as tl
 
@@ -61,23 +60,8 @@ def num_warps(block_h: int, width: int, element_size: int) -> int:
     return max(1, min(MAX_WARPS, next_pow2(max(1, threads // 32))))
 
 
-def rotate_into(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    qo: torch.Tensor,
-    ko: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    backward: bool,
-    copy_pass: bool,
-) -> None:
-    """Write the rotation of q, k into qo, ko (which may be q, k); copy_pass copies dims R..D."""
-    p = launch.problem(q, k, cos)
-    if p.empty:
-        return
-    run = _launcher(p.n_qh, p.n_kh, p.head_dim, p.rot_dim, q.element_size(), backward, copy_pass)
-    run(p.rows, *launch.kernel_args(p, q, k, qo, ko, cos, sin))
+def _launch_rows(p: launch.Problem, args: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
+    _launcher(p.n_qh, p.n_kh, p.head_dim, p.rot_dim, size, backward, copy_pass)(p.rows, *args)
 
 
 @functools.lru_cache(maxsize=256)
@@ -97,4 +81,5 @@ def _launcher(
     )  # fmt: skip
 
 
+rotate_into = launch.rotator(_launch_rows)
 forward, backward, forward_ = launch.entry_points(rotate_into)

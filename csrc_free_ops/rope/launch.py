@@ -60,6 +60,22 @@ def kernel_args(p: Problem, q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: T
     )  # fmt: skip
 
 
+def rotator(launch_rows: Callable[..., None]) -> Callable[..., None]:
+    """A backend's ``rotate_into`` from its ``launch_rows(p, args, element_size,
+    *, backward, copy_pass)``, which launches the row kernel on ``args``
+    (kernel_args of the problem ``p``, which is never empty)."""
+
+    def rotate_into(q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor, *, backward: bool,
+                    copy_pass: bool) -> None:  # fmt: skip
+        """Write the rotation of q, k into qo, ko (which may be q, k); copy_pass copies dims R..D."""
+        p = problem(q, k, cos)
+        if not p.empty:
+            args = kernel_args(p, q, k, qo, ko, cos, sin)
+            launch_rows(p, args, q.element_size(), backward=backward, copy_pass=copy_pass)
+
+    return rotate_into
+
+
 def rotated(
     launch_fn: Callable[..., None],
     x: torch.Tensor,

@@ -85,10 +85,12 @@ def head_block(n_heads: int, per_head: int, fixed: int, ub_bytes: int) -> int:
 
 def plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, copy_pass: bool) -> NpuPlan:
     """Grid and tile sizes for these inputs under the current UB / core counts."""
-    p = launch.problem(q, k, cos)
+    return _plan(launch.problem(q, k, cos), q.element_size(), copy_pass)
+
+
+def _plan(p: launch.Problem, size: int, copy_pass: bool) -> NpuPlan:
     half_w = launch.block_half(p)
     pass_w = launch.block_pass(p)
-    size = q.element_size()
     per_head = head_bytes(half_w, pass_w, size, copy_pass)
     fixed = cos_sin_bytes(half_w, size)
     ub = device.npu_ub_bytes()
@@ -102,27 +104,14 @@ def plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, copy_pass: bool) -
     )
 
 
-def rotate_into(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    qo: torch.Tensor,
-    ko: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    backward: bool,
-    copy_pass: bool,
-) -> None:
-    """Write the rotation of q, k into qo, ko (which may be q, k); copy_pass copies dims R..D."""
-    p = launch.problem(q, k, cos)
-    if p.empty:
-        return
-    cfg = plan(q, k, cos, copy_pass)
+def _launch_rows(p: launch.Problem, args: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
+    cfg = _plan(p, size, copy_pass)
     _rope_kernel[(cfg.grid,)](
-        *launch.kernel_args(p, q, k, qo, ko, cos, sin), p.rows,
+        *args, p.rows,
         BLOCK_QH=cfg.block_qh, BLOCK_KH=cfg.block_kh, BLOCK_HALF=cfg.block_half, BLOCK_PASS=cfg.block_pass,
         BACKWARD=backward, COPY_PASS=copy_pass,
     )  # fmt: skip
 
 
+rotate_into = launch.rotator(_launch_rows)
 forward, backward, forward_ = launch.entry_points(rotate_into)
