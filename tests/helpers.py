@@ -43,6 +43,28 @@ def assert_close_to_ref(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype
     assert worst <= elem_tol, f"{what}: max elementwise error {worst:.3e} of max|ref| > {elem_tol:.1e} ({dtype})"
 
 
+def assert_close_to_scale(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+                          what: str) -> None:  # fmt: skip
+    """out against a float64 reference for an output the kernel sums up in
+    float32 and then rounds to ``dtype``.  ``scale``: per element, the summed
+    magnitudes of the terms added into it (>= |ref|).  The float32 sum's
+    rounding error is relative to its terms, not to the sum, which can cancel
+    far below them; the final rounding is relative to the value.  So each
+    bound is the dtype's bound on |ref| plus float32's bound on the terms.
+    NaN or inf never passes."""
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    ref64 = ref.detach().to("cpu", torch.float64)
+    err = out.detach().to("cpu", torch.float64) - ref64
+    assert torch.isfinite(err).all(), f"{what}: non-finite values in the output"
+    scale = scale.detach().to("cpu", torch.float64).reshape(ref.shape)
+    norm_tol, elem_tol = TOLERANCES[dtype]
+    sum_norm_tol, sum_elem_tol = TOLERANCES[torch.float32]
+    norm_bound = norm_tol * ref64.norm().item() + sum_norm_tol * scale.norm().item()
+    elem_bound = elem_tol * ref64.abs().max().item() + sum_elem_tol * scale.max().item()
+    assert err.norm().item() <= norm_bound, f"{what}: error norm {err.norm().item():.3e} > {norm_bound:.3e} ({dtype})"
+    assert err.abs().max().item() <= elem_bound, f"{what}: max error {err.abs().max().item():.3e} > {elem_bound:.3e}"
+
+
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """NaN-filled tensor: an output element a kernel forgets to write stays NaN."""
     return torch.full_like(t, float("nan"))
