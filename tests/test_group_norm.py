@@ -95,16 +95,18 @@ def test_op_forward_and_gradients_match_float64_reference(case, dtype, affine, f
     affine=st.sampled_from(AFFINE),
     tile=st.sampled_from([8, 32]),
     target_items=st.sampled_from([1, 64]),
+    looped_groups=st.booleans(),
 )
-def test_launchers_with_small_tiles_and_split_groups(case, dtype, affine, tile, target_items):
+def test_launchers_with_small_tiles_and_split_groups(case, dtype, affine, tile, target_items, looped_groups):
     """Tiles far smaller than a group force the looped tiles, channel blocks
     that straddle groups, and (with a large target) groups split across
-    programs whose partials the finalize merges."""
+    programs whose partials the finalize merges; or (looped_groups) one
+    program walking each group in many tiles."""
     shape, groups = case
     x = make_x(shape, dtype)
     weight, bias = make_params(shape[1], affine, dtype)
     dy = torch.randn(shape, dtype=dtype, device=DEVICE)
-    opts = {"tile": tile, "target_items": target_items}
+    opts = {"tile": tile, "target_items": target_items, "looped_groups": looped_groups}
     y = cuda.forward(x, groups, weight, bias, 1e-5, **opts)
     dx, dweight, dbias = cuda.backward(dy, x, groups, weight, bias, 1e-5, **opts)
     grads = {"x": dx} | {k: v for k, v in (("weight", dweight), ("bias", dbias)) if v is not None}
@@ -114,7 +116,8 @@ def test_launchers_with_small_tiles_and_split_groups(case, dtype, affine, tile, 
 
 def test_split_plan_is_exercised():
     """The small-tile settings above really split groups across programs."""
-    plan = cuda.CudaPolicy(torch.device("cpu"), tile=8, target_items=64).plan(torch.empty(2, 4, 40), 2, False)
+    policy = cuda.CudaPolicy(torch.device("cpu"), tile=8, target_items=64, looped_groups=False)
+    plan = policy.plan(torch.empty(2, 4, 40), 2, False)
     assert plan.splits > 1 and plan.chunk < 40 and plan.block_c * plan.block_hw <= 8
 
 
@@ -173,24 +176,30 @@ def poison_allocations(monkeypatch) -> None:
     monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
 
 
+LOOPED, SPLIT = {"looped_groups": True}, {"looped_groups": False}
+
+
 @pytest.mark.parametrize(
     ("shape", "groups", "opts", "path"),
     [
         ((2, 6, 5, 7), 3, {}, "whole"),  # each (sample, group) normalized by one program, padded both ways
-        ((2, 6, 5, 7), 3, {"whole_group_tile": 0}, "fused"),  # one channel block over three groups, merged in place
-        ((2, 16, 128), 1, {"tile": 8, "target_items": 1}, "fused"),  # a fused merge of several [1, 8] steps
-        ((2, 4, 33, 17), 2, {"tile": 16, "target_items": 64}, "finalize"),  # many partials per group
+        ((2, 6, 5, 7), 3, {"whole_group_tile": 0, **LOOPED}, "looped"),  # each group walked in [2, 64] tiles
+        ((2, 12, 9, 7), 3, {"tile": 16, **LOOPED}, "looped"),  # [1, 16] tiles: 4 channels x 4 padded steps
+        ((2, 6, 5, 7), 3, {"whole_group_tile": 0, **SPLIT}, "fused"),  # one channel block over three groups
+        ((2, 16, 128), 1, {"tile": 8, "target_items": 1, **SPLIT}, "fused"),  # a fused merge of several steps
+        ((2, 4, 33, 17), 2, {"tile": 16, "target_items": 64, **SPLIT}, "finalize"),  # many partials per group
     ],
 )
 def test_every_path_writes_every_output(monkeypatch, shape, groups, opts, path):
-    """The whole-group kernels and both ways of merging a group's partials,
-    with NaN-poisoned allocations (y, dx, dweight, dbias and the workspace
-    are all torch.empty)."""
+    """The whole- and looped-group kernels and both ways of merging a group's
+    partials, with NaN-poisoned allocations (y, dx, dweight, dbias and the
+    workspace are all torch.empty)."""
     policy = cuda.CudaPolicy(torch.device(DEVICE), **opts)
     for backward in (False, True):
         plan = policy.plan(torch.empty(shape), groups, backward)
         assert plan.whole_groups == (path == "whole")
-        if path != "whole":
+        assert plan.looped_groups == (path == "looped")
+        if path in ("fused", "finalize"):
             assert plan.fused == (path == "fused")
         if path == "fused" and "tile" in opts:
             assert policy.finalize_block(plan.segments_per_group, plan.block_c) < plan.segments_per_group
@@ -222,12 +231,12 @@ def test_repeated_calls_reuse_the_cached_launch_steps(monkeypatch):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("target_items", [None, 64])
-def test_bitwise_deterministic(target_items):
+@pytest.mark.parametrize(("target_items", "looped_groups"), [(None, False), (64, False), (None, True)])
+def test_bitwise_deterministic(target_items, looped_groups):
     x = make_x((2, 8, 7, 11), torch.bfloat16)
     weight, bias = make_params(8, "both", torch.float32)
     dy = torch.randn_like(x)
-    opts = {"tile": 64, "target_items": target_items}
+    opts = {"tile": 64, "target_items": target_items, "looped_groups": looped_groups}
     runs = [
         (cuda.forward(x, 4, weight, bias, 1e-5, **opts), *cuda.backward(dy, x, 4, weight, bias, 1e-5, **opts))
         for _ in range(2)
@@ -243,7 +252,7 @@ def test_large_mean_keeps_variance():
     """mean / std = 100: sums on shifted values keep the variance from cancelling."""
     x = make_x((2, 4, 33, 17), torch.float32, offset=100.0)
     dy = torch.randn_like(x)
-    for opts in ({}, {"tile": 16, "target_items": 64}):
+    for opts in ({}, {"tile": 16, "target_items": 64, "looped_groups": False}, {"tile": 16, "looped_groups": True}):
         y = cuda.forward(x, 2, None, None, 1e-5, **opts)
         dx, _, _ = cuda.backward(dy, x, 2, None, None, 1e-5, **opts)
         y_ref, grads_ref = reference_grads(x, 2, None, None, dy, 1e-5)

@@ -3,7 +3,9 @@ TRITON_INTERPRET=1).
 
 The kernels live in ``kernels.py`` (shared with the NPU launchers) and the
 launch sequence in ``launch.py``; this module is the CUDA launch policy:
-a group of up to FWD/BWD_GROUP_TILE elements held whole by one program, else
+a group of up to FWD/BWD_GROUP_TILE elements held whole by one program; else,
+with a (sample, group) row for every LOOP_SMS_PER_ROW SMs, one program per
+row walking it twice in LOOP_TILE tiles (the second walk hits L2); else
 register-sized tiles, enough work items for a few waves per SM (a group's
 statistics are split across programs when N * channel blocks falls short),
 and a grid capped at a few programs per SM, walking the rest with a stride.
@@ -17,13 +19,22 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size, whole_group_plan
+from csrc_free_ops.group_norm.plan import Plan, looped_group_plan, make_plan, spatial_size, whole_group_plan
 from csrc_free_ops.host_math import next_pow2
 
 # Largest group (channels x spatial, each padded to a power of two) one program
 # holds whole in registers: the backward keeps about twice the forward's arrays.
 FWD_GROUP_TILE = 8192
 BWD_GROUP_TILE = 4096
+# Looped groups need at least one (sample, group) row per LOOP_SMS_PER_ROW SMs:
+# with fewer, too few programs stream (H200, 65536-element groups: 128 rows
+# beat the split path by 1.3-1.6x, 64 rows lost to it).  The tile each
+# program walks its group in, and the software-pipelining depth of those
+# walks: it pays backward (1.1x, x and dy in flight) and not forward.
+LOOP_SMS_PER_ROW = 2
+LOOP_TILE = 8192
+FWD_LOOP_STAGES = 1
+BWD_LOOP_STAGES = 3
 # Elements of one [block_c, block_hw] tile: the forward keeps two float32
 # accumulators per element, the backward four, so it takes half the tile.
 FWD_TILE = 4096
@@ -46,17 +57,22 @@ class CudaPolicy:
         tile: int | None = None,
         target_items: int | None = None,
         whole_group_tile: int | None = None,
+        looped_groups: bool | None = None,
         *,
         sms: int | None = None,
     ):
-        """tile / target_items / whole_group_tile override the defaults (tests
-        use them to force each path on small shapes; whole_group_tile=0 turns
-        the whole-group path off; a given tile also caps it)."""
+        """tile / target_items / whole_group_tile / looped_groups override the
+        defaults (tests use them to force each path on small shapes):
+        whole_group_tile=0 turns the whole-group path off, a given tile also
+        caps it and sizes the looped tiles, and looped_groups=True / False
+        takes / never takes the looped path where no whole-group plan fits
+        (None: when there are enough rows)."""
         self._sms = sms if sms is not None else device.num_sms(dev)
         self._tile = tile
         self._target = target_items if target_items is not None else self._sms * ITEMS_PER_SM
         self._whole = whole_group_tile
-        self.key = ("cuda", self._sms, tile, self._target, whole_group_tile)
+        self._looped = looped_groups
+        self.key = ("cuda", self._sms, tile, self._target, whole_group_tile, looped_groups)
 
     def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan:
         return self.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
@@ -68,11 +84,19 @@ class CudaPolicy:
         whole = whole_group_plan(n, c, hw, groups, whole_cap) if whole_cap else None
         if whole is not None:
             return whole
+        looped = self._looped
+        if looped is None:
+            looped = n * groups * LOOP_SMS_PER_ROW >= self._sms
+        if looped:
+            return looped_group_plan(n, c, hw, groups, self._tile or LOOP_TILE)
         tile = self._tile or (BWD_TILE if backward else FWD_TILE)
         return make_plan((n, c, hw), groups, tile=tile, max_block_hw=MAX_BLOCK_HW, target_items=self._target)
 
     def grid(self, work: int) -> int:
         return max(1, min(work, self._sms * PROGRAMS_PER_SM))
+
+    def loop_stages(self, backward: bool) -> int:
+        return BWD_LOOP_STAGES if backward else FWD_LOOP_STAGES
 
     def options(self, elements: int) -> dict:
         return {"num_warps": max(1, min(8, elements // 256))}
@@ -87,8 +111,10 @@ class CudaPolicy:
 
 
 @functools.lru_cache(maxsize=64)
-def _policy(sms: int, tile: int | None, target_items: int | None, whole_group_tile: int | None) -> CudaPolicy:
-    return CudaPolicy(None, tile, target_items, whole_group_tile, sms=sms)
+def _policy(
+    sms: int, tile: int | None, target_items: int | None, whole_group_tile: int | None, looped_groups: bool | None
+) -> CudaPolicy:
+    return CudaPolicy(None, tile, target_items, whole_group_tile, looped_groups, sms=sms)
 
 
 def forward(
@@ -101,9 +127,10 @@ def forward(
     tile: int | None = None,
     target_items: int | None = None,
     whole_group_tile: int | None = None,
+    looped_groups: bool | None = None,
 ) -> torch.Tensor:
     """The keywords override the policy (see CudaPolicy)."""
-    policy = _policy(device.num_sms(x.device), tile, target_items, whole_group_tile)
+    policy = _policy(device.num_sms(x.device), tile, target_items, whole_group_tile, looped_groups)
     return launch.forward(x, num_groups, weight, bias, eps, policy)
 
 
@@ -118,7 +145,8 @@ def backward(
     tile: int | None = None,
     target_items: int | None = None,
     whole_group_tile: int | None = None,
+    looped_groups: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dweight or None, dbias or None); the keywords override the policy (see CudaPolicy)."""
-    policy = _policy(device.num_sms(x.device), tile, target_items, whole_group_tile)
+    policy = _policy(device.num_sms(x.device), tile, target_items, whole_group_tile, looped_groups)
     return launch.backward(grad_out, x, num_groups, weight, bias, eps, policy)

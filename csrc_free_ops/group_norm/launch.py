@@ -12,8 +12,8 @@ it can: everything that depends only on (policy, shape, groups, dtype size,
 which parameters are given) -- the plan, the grids and the kernel launchers
 (``csrc_free_ops.launcher``) -- is built once and kept in ``_STEPS`` under a key
 of plain ints; a call then allocates its outputs and one float32 workspace
-and launches.  Whole-group plans take 1 launch forward and 1 backward (plus
-the dweight / dbias reduce); split plans 2 forward and 3 backward, plus one
+and launches.  Whole- and looped-group plans take 1 launch forward and 1
+backward (plus the dweight / dbias reduce); split plans 2 forward and 3 backward, plus one
 finalize launch when the plan is not ``fused``.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from csrc_free_ops.group_norm import kernels
+from csrc_free_ops.group_norm import group_kernels, kernels
 from csrc_free_ops.group_norm.plan import Plan
 from csrc_free_ops.host_math import cdiv
 from csrc_free_ops.launcher import Launcher
@@ -61,6 +61,10 @@ class Policy(Protocol):
 
     def reduce_blocks(self, part_rows: int, c: int) -> Blocks: ...
 
+    def loop_stages(self, backward: bool) -> int | None:
+        """Software-pipelining depth of the looped-group kernels' tile loops (None: the compiler's default)."""
+        ...
+
 
 class _Launch(NamedTuple):
     """A kernel's launcher (constexprs and options bound) and its grid."""
@@ -77,13 +81,20 @@ class _Steps(NamedTuple):
     workspace: int  # float32 elements of PART (+ STATS)
     stream_sizes: tuple[int, int, int, int]  # (N, C, HW, chunk): the partials kernels' size arguments
     sizes: tuple[int, int, int, int, int]  # (N, C, HW, channels per group, chunk): everyone else's
-    partials: _Launch | None  # None for whole-group plans
+    partials: _Launch | None  # None for whole- and looped-group plans
     finalize: _Launch | None
     main: _Launch  # apply (forward) or dx (backward)
     reduce: _Launch | None  # dweight / dbias column sums (backward)
 
 
 _STEPS: dict[tuple, _Steps] = {}
+# (looped, backward) -> the per-group kernel.
+_GROUP_KERNELS = {
+    (False, False): group_kernels.fwd_group_kernel,
+    (False, True): group_kernels.bwd_group_kernel,
+    (True, False): group_kernels.fwd_group_loop_kernel,
+    (True, True): group_kernels.bwd_group_loop_kernel,
+}
 
 
 def _launch(kernel, grid: int, **meta) -> _Launch:
@@ -121,13 +132,15 @@ def _split_steps(policy: Policy, p: Plan, has_w: bool, has_b: bool, backward: bo
 def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, has_w: bool, has_b: bool,
            backward: bool) -> _Steps:  # fmt: skip
     p = policy.plan_for(n, c, hw, groups, itemsize, backward)
-    if p.whole_groups:
+    if p.per_group:
         partials = finalize = None
         param_grads = backward and (has_w or has_b)
         workspace = BWD_PARTS * p.segments if param_grads else 0
         flags = {"HAS_W": has_w, "PARAM_GRADS": param_grads} if backward else {"HAS_W": has_w, "HAS_B": has_b}
+        if p.looped_groups:
+            flags["LOOP_STAGES"] = policy.loop_stages(backward)
         main = _launch(
-            kernels.bwd_group_kernel if backward else kernels.fwd_group_kernel, policy.grid(p.rows),
+            _GROUP_KERNELS[p.looped_groups, backward], policy.grid(p.rows),
             **flags, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **policy.options(p.block_c * p.block_hw),
         )  # fmt: skip
     else:

@@ -2,7 +2,9 @@
 
 x is viewed as (N, C, HW) with HW the product of the spatial sizes.  When a
 whole group fits one tile (``whole_group_plan``), one program normalizes a
-(sample, group) from registers.  Otherwise a work
+(sample, group) from registers.  When there are enough groups to fill the
+device (``looped_group_plan``), one program still owns a (sample, group) but
+walks it in [block_c, block_hw] tiles, twice.  Otherwise a work
 item is a tile of ``block_c`` channels of one sample over one *segment* of
 the spatial axis: ``chunk`` positions, a multiple of ``block_hw``.  Each item
 walks its segment in [block_c, block_hw] tiles.  When N * ceil(C / block_c)
@@ -42,6 +44,13 @@ class Plan:
     # One program holds a whole (sample, group) in a [block_c, block_hw] tile:
     # x is read once, and no partials, merge or finalize are needed.
     whole_groups: bool = False
+    # One program walks a whole (sample, group) in [block_c, block_hw] tiles.
+    looped_groups: bool = False
+
+    @property
+    def per_group(self) -> bool:
+        """Whether one program owns each (sample, group) (whole or looped)."""
+        return self.whole_groups or self.looped_groups
 
     @property
     def channels_per_group(self) -> int:
@@ -93,6 +102,14 @@ def whole_group_plan(n: int, c: int, hw: int, groups: int, max_tile: int) -> Pla
     if block_c * block_hw > max_tile:
         return None
     return Plan(n, c, hw, groups, block_c, block_hw, 1, hw, whole_groups=True)
+
+
+def looped_group_plan(n: int, c: int, hw: int, groups: int, tile: int) -> Plan:
+    """One program per (sample, group), walking it in tiles of at most tile
+    elements: spatial positions first, then channels."""
+    block_hw = min(next_pow2(hw), tile)
+    block_c = min(next_pow2(c // groups), max(1, tile // block_hw))
+    return Plan(n, c, hw, groups, block_c, block_hw, 1, hw, looped_groups=True)
 
 
 def make_plan(x_shape: tuple[int, ...], groups: int, *, tile: int, max_block_hw: int, target_items: int) -> Plan:
