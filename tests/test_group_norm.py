@@ -214,6 +214,27 @@ def test_every_path_writes_every_output(monkeypatch, shape, groups, opts, path):
     check_against_reference(y, grads, x, groups, weight, bias, dy, 1e-5, torch.float32)
 
 
+def test_cuda_policy_picks_the_looped_path_when_groups_fill_the_sms():
+    """Groups too large for registers: looped with a (sample, group) per two
+    SMs or more, split below that; small groups stay whole."""
+    policy = cuda.CudaPolicy(None, sms=132)
+    for backward in (False, True):
+        assert policy.plan_for(4, 512, 4096, 32, 2, backward).looped_groups  # 128 rows
+        split = policy.plan_for(2, 512, 4096, 32, 2, backward)  # 64 rows
+        assert not split.per_group and split.items >= 64
+        assert policy.plan_for(64, 512, 64, 32, 2, backward).whole_groups  # 16 x 64 elements
+
+
+def test_per_group_backward_keeps_two_partial_rows():
+    """The whole- and looped-group backward kernels need only the dweight and
+    dbias rows of partials: 2 x N x C float32, not the split path's 5."""
+    for opts, per_group in (({}, True), ({"looped": True}, True), ({"looped": False}, False)):
+        policy = cuda.CudaPolicy(None, whole_group_tile=0 if opts else None, looped_groups=opts.get("looped"), sms=4)
+        steps = launch._build(policy, 2, 6, 35, 3, 4, True, True, True)
+        assert steps.plan.per_group == per_group
+        assert steps.workspace == (2 * 2 * 6 if per_group else launch.BWD_PARTS * steps.plan.segments)
+
+
 def test_repeated_calls_reuse_the_cached_launch_steps(monkeypatch):
     """The plan, grids and launch keywords are built once per shape / groups /
     dtype size / parameter set; later calls only allocate and launch."""

@@ -5,7 +5,7 @@ The kernels live in ``kernels.py`` (shared with the NPU launchers) and the
 launch sequence in ``launch.py``; this module is the CUDA launch policy:
 a group of up to FWD/BWD_GROUP_TILE elements held whole by one program; else,
 with a (sample, group) row for every LOOP_SMS_PER_ROW SMs, one program per
-row walking it twice in LOOP_TILE tiles (the second walk hits L2); else
+row walking it twice in tiles (the second walk hits L2); else
 register-sized tiles, enough work items for a few waves per SM (a group's
 statistics are split across programs when N * channel blocks falls short),
 and a grid capped at a few programs per SM, walking the rest with a stride.
@@ -28,13 +28,15 @@ FWD_GROUP_TILE = 8192
 BWD_GROUP_TILE = 4096
 # Looped groups need at least one (sample, group) row per LOOP_SMS_PER_ROW SMs:
 # with fewer, too few programs stream (H200, 65536-element groups: 128 rows
-# beat the split path by 1.3-1.6x, 64 rows lost to it).  The tile each
-# program walks its group in, and the software-pipelining depth of those
-# walks: it pays backward (1.1x, x and dy in flight) and not forward.
+# beat the split path by 1.3-1.6x, 64 rows lost to it).  Tile elements (by
+# x's element size forward), warps and software-pipelining depth of the
+# walks, from sweeps on (8 or 16, 512, 64, 64) bf16 / fp32: pipelining pays
+# backward (x and dy in flight), not forward.
 LOOP_SMS_PER_ROW = 2
-LOOP_TILE = 8192
-FWD_LOOP_STAGES = 1
-BWD_LOOP_STAGES = 3
+FWD_LOOP_TILE = {2: 8192, 4: 16384}
+BWD_LOOP_TILE = 4096
+FWD_LOOP_WARPS, BWD_LOOP_WARPS = 8, 4
+FWD_LOOP_STAGES, BWD_LOOP_STAGES = 1, 3
 # Elements of one [block_c, block_hw] tile: the forward keeps two float32
 # accumulators per element, the backward four, so it takes half the tile.
 FWD_TILE = 4096
@@ -88,15 +90,18 @@ class CudaPolicy:
         if looped is None:
             looped = n * groups * LOOP_SMS_PER_ROW >= self._sms
         if looped:
-            return looped_group_plan(n, c, hw, groups, self._tile or LOOP_TILE)
+            tile = BWD_LOOP_TILE if backward else FWD_LOOP_TILE.get(itemsize, FWD_LOOP_TILE[2])
+            return looped_group_plan(n, c, hw, groups, self._tile or tile)
         tile = self._tile or (BWD_TILE if backward else FWD_TILE)
         return make_plan((n, c, hw), groups, tile=tile, max_block_hw=MAX_BLOCK_HW, target_items=self._target)
 
     def grid(self, work: int) -> int:
         return max(1, min(work, self._sms * PROGRAMS_PER_SM))
 
-    def loop_stages(self, backward: bool) -> int:
-        return BWD_LOOP_STAGES if backward else FWD_LOOP_STAGES
+    def loop_options(self, backward: bool) -> dict:
+        if backward:
+            return {"LOOP_STAGES": BWD_LOOP_STAGES, "num_warps": BWD_LOOP_WARPS}
+        return {"LOOP_STAGES": FWD_LOOP_STAGES, "num_warps": FWD_LOOP_WARPS}
 
     def options(self, elements: int) -> dict:
         return {"num_warps": max(1, min(8, elements // 256))}

@@ -17,7 +17,7 @@ Backward needs the group sums of g = dy * w and g * (x - mean); the looped
 kernel gathers them with the statistics in its first pass.  Both kinds
 write the per-(sample, channel) dweight / dbias terms that
 ``kernels.channel_reduce_kernel`` sums, as sum(dy * xhat) and sum(dy) in
-PART rows 4 and 2 of a one-segment (N, C) layout.  Each takes the runtime
+the two (N, C) rows of PART (rows GRAD_W_ROW and GRAD_B_ROW).  Each takes the runtime
 arguments of the split path's apply / dx kernel (PART unused forward, chunk
 unused), so the launch sequence passes the same arguments to any plan.
 """
@@ -28,6 +28,11 @@ import triton
 import triton.language as tl
 
 from csrc_free_ops.group_norm.kernels import _group_size
+
+# The float32 (N, C) rows of PART a backward kernel here fills with PARAM_GRADS.
+GRAD_W_ROW = tl.constexpr(0)
+GRAD_B_ROW = tl.constexpr(1)
+GRAD_ROWS = 2
 
 
 @triton.jit
@@ -79,8 +84,7 @@ def bwd_group_kernel(
 ):  # fmt: skip
     """dx for each (sample, group) held whole by one program, and with
     PARAM_GRADS the per-(sample, channel) partials that channel_reduce_kernel
-    sums: PART[4] = sum(dy * xhat), PART[2] = sum(dy), in the (N, C) rows of
-    a one-segment plan.  Takes bwd_dx_kernel's runtime arguments (chunk
+    sums: sum(dy * xhat) and sum(dy) per (N, C) PART row.  Takes bwd_dx_kernel's runtime arguments (chunk
     unused)."""
     groups = C // cpg
     n_rows = tl.cast(N, tl.int64) * groups
@@ -101,8 +105,8 @@ def bwd_group_kernel(
         tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
         if PARAM_GRADS:
             seg = (row // groups) * C + cs
-            tl.store(PART + 4 * n_segments + seg, tl.sum(dy * xhat, 1), mask=c_mask)
-            tl.store(PART + 2 * n_segments + seg, tl.sum(dy, 1), mask=c_mask)
+            tl.store(PART + GRAD_W_ROW * n_segments + seg, tl.sum(dy * xhat, 1), mask=c_mask)
+            tl.store(PART + GRAD_B_ROW * n_segments + seg, tl.sum(dy, 1), mask=c_mask)
 
 
 @triton.jit
@@ -197,7 +201,7 @@ def bwd_group_loop_kernel(
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), one program per
     (sample, group) walking it in tiles: the group sums first, then dx last
     tile first, with PARAM_GRADS summing each channel's sum(dy * xhat) and
-    sum(dy) on the way (PART rows 4 and 2), stored when its block's last
+    sum(dy) on the way (as bwd_group_kernel), stored when its block's last
     tile in this order is done."""
     groups = C // cpg
     n_rows = tl.cast(N, tl.int64) * groups
@@ -233,7 +237,7 @@ def bwd_group_loop_kernel(
                 acc_b += dy
                 if step % h_steps == 0:  # the channel block's last tile in this order
                     seg = (row // groups) * C + first + ch
-                    tl.store(PART + 4 * n_segments + seg, tl.sum(acc_w, 1), mask=c_mask)
-                    tl.store(PART + 2 * n_segments + seg, tl.sum(acc_b, 1), mask=c_mask)
+                    tl.store(PART + GRAD_W_ROW * n_segments + seg, tl.sum(acc_w, 1), mask=c_mask)
+                    tl.store(PART + GRAD_B_ROW * n_segments + seg, tl.sum(acc_b, 1), mask=c_mask)
                     acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
                     acc_b = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)

@@ -312,10 +312,11 @@ def bwd_dx_kernel(
 @triton.jit
 def channel_reduce_kernel(
     PART, DW, DB, n_part_rows, C,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, W_ROW: tl.constexpr, B_ROW: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Column sums of the (N * splits, C) partials in a fixed order:
-    dweight from PART[4], dbias from PART[2]."""
+    dweight from PART[W_ROW], dbias from PART[B_ROW]."""
     n_segments = tl.cast(n_part_rows, tl.int64) * C
     for cb in tl.range(tl.program_id(0), tl.cdiv(C, BLOCK_C), tl.num_programs(0)):
         cs = tl.cast(cb, tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -327,9 +328,9 @@ def channel_reduce_kernel(
             mask = (rs < n_part_rows)[:, None] & c_mask[None, :]
             offs = rs[:, None] * C + cs[None, :]
             if HAS_W:
-                acc_w += tl.load(PART + 4 * n_segments + offs, mask=mask, other=0.0)
+                acc_w += tl.load(PART + W_ROW * n_segments + offs, mask=mask, other=0.0)
             if HAS_B:
-                acc_b += tl.load(PART + 2 * n_segments + offs, mask=mask, other=0.0)
+                acc_b += tl.load(PART + B_ROW * n_segments + offs, mask=mask, other=0.0)
         if HAS_W:
             tl.store(DW + cs, tl.sum(acc_w, 0).to(DW.dtype.element_ty), mask=c_mask)
         if HAS_B:

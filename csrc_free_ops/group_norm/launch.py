@@ -61,8 +61,10 @@ class Policy(Protocol):
 
     def reduce_blocks(self, part_rows: int, c: int) -> Blocks: ...
 
-    def loop_stages(self, backward: bool) -> int | None:
-        """Software-pipelining depth of the looped-group kernels' tile loops (None: the compiler's default)."""
+    def loop_options(self, backward: bool) -> dict:
+        """Constexprs and launch options of a looped-group kernel: at least
+        LOOP_STAGES, the software-pipelining depth of its tile loops (None:
+        the compiler's default)."""
         ...
 
 
@@ -135,22 +137,24 @@ def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, 
     if p.per_group:
         partials = finalize = None
         param_grads = backward and (has_w or has_b)
-        workspace = BWD_PARTS * p.segments if param_grads else 0
+        workspace = group_kernels.GRAD_ROWS * p.segments if param_grads else 0
         flags = {"HAS_W": has_w, "PARAM_GRADS": param_grads} if backward else {"HAS_W": has_w, "HAS_B": has_b}
-        if p.looped_groups:
-            flags["LOOP_STAGES"] = policy.loop_stages(backward)
+        options = policy.loop_options(backward) if p.looped_groups else policy.options(p.block_c * p.block_hw)
         main = _launch(
             _GROUP_KERNELS[p.looped_groups, backward], policy.grid(p.rows),
-            **flags, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **policy.options(p.block_c * p.block_hw),
+            **flags, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **options,
         )  # fmt: skip
     else:
         partials, finalize, main, workspace = _split_steps(policy, p, has_w, has_b, backward)
     reduce = None
     if backward and (has_w or has_b):
         block_r, block_c = policy.reduce_blocks(p.part_rows, c)
+        # Per-group kernels fill a two-row workspace; the split path's dx kernel
+        # and partials fill rows 4 (dweight) and 2 (dbias) of its five.
+        rows = (group_kernels.GRAD_W_ROW.value, group_kernels.GRAD_B_ROW.value) if p.per_group else (4, 2)
         reduce = _launch(
-            kernels.channel_reduce_kernel, policy.grid(cdiv(c, block_c)),
-            HAS_W=has_w, HAS_B=has_b, BLOCK_R=block_r, BLOCK_C=block_c, **policy.options(block_r * block_c),
+            kernels.channel_reduce_kernel, policy.grid(cdiv(c, block_c)), HAS_W=has_w, HAS_B=has_b,
+            W_ROW=rows[0], B_ROW=rows[1], BLOCK_R=block_r, BLOCK_C=block_c, **policy.options(block_r * block_c),
         )  # fmt: skip
     stream_sizes = (p.n, p.c, p.hw, p.chunk)
     sizes = (p.n, p.c, p.hw, p.channels_per_group, p.chunk)

@@ -90,8 +90,8 @@ class NpuPolicy:
     def options(self, elements: int) -> dict:
         return {}
 
-    def loop_stages(self, backward: bool) -> None:
-        return None  # triton-ascend has no software-pipelining knob
+    def loop_options(self, backward: bool) -> dict:
+        return {"LOOP_STAGES": None}  # triton-ascend has no software-pipelining knob
 
     def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
         tile = tile_elements(FINALIZE_BYTES_PER_ELEMENT, self._ub)
