@@ -160,6 +160,24 @@ def _group_sums(X, DY, W, base, first, cpg, hw, h_steps, steps,
 
 
 @triton.jit
+def _looped_group_stats(X, DY, W, row, groups, cpg, hw, h_steps, steps, eps,
+                        HAS_DY: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+                        LOOP_STAGES: tl.constexpr):  # fmt: skip
+    """One walk over the (sample, group) row (int64): its first element's
+    offset, its first channel, mean and rstd, and with HAS_DY mean(g) and
+    mean(g * xhat)."""
+    base = row * cpg * hw
+    first = (row % groups) * cpg
+    size = _group_size(cpg, hw)
+    k, s1, s2, sg, sgd = _group_sums(
+        X, DY, W, base, first, cpg, hw, h_steps, steps, HAS_DY, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES
+    )
+    mean_d = s1 / size  # mean - k
+    rstd = tl.math.rsqrt(tl.maximum(s2 - s1 * mean_d, 0.0) / size + eps)
+    return base, first, k + mean_d, rstd, sg / size, rstd * (sgd - mean_d * sg) / size
+
+
+@triton.jit
 def fwd_group_loop_kernel(
     X, Y, W, B, PART, N, C, hw, cpg, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
@@ -168,19 +186,13 @@ def fwd_group_loop_kernel(
     """y = (x - mean) * rstd * w + b, one program per (sample, group) walking
     it in tiles: statistics first, then the output last tile first."""
     groups = C // cpg
-    n_rows = tl.cast(N, tl.int64) * groups
-    size = _group_size(cpg, hw)
     h_steps = tl.cdiv(hw, BLOCK_HW)
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        row = tl.cast(row, tl.int64)
-        base = row * cpg * hw
-        first = (row % groups) * cpg
-        k, s1, s2, sg, sgd = _group_sums(
-            X, X, W, base, first, cpg, hw, h_steps, steps, False, False, BLOCK_C, BLOCK_HW, LOOP_STAGES
-        )
-        mean = k + s1 / size
-        rstd = tl.math.rsqrt(tl.maximum(s2 - s1 * s1 / size, 0.0) / size + eps)
+    for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * groups, tl.num_programs(0)):
+        base, first, mean, rstd, _mg, _mgx = _looped_group_stats(
+            X, X, W, tl.cast(row, tl.int64), groups, cpg, hw, h_steps, steps, eps,
+            False, False, BLOCK_C, BLOCK_HW, LOOP_STAGES,
+        )  # fmt: skip
         for i in tl.range(0, steps, num_stages=LOOP_STAGES):
             offs, mask, ch, c_mask = _group_tile(base, steps - 1 - i, h_steps, cpg, hw, BLOCK_C, BLOCK_HW)
             scale = _channel_weights(W, first, ch, c_mask, HAS_W, BLOCK_C) * rstd
@@ -204,23 +216,14 @@ def bwd_group_loop_kernel(
     sum(dy) on the way (as bwd_group_kernel), stored when its block's last
     tile in this order is done."""
     groups = C // cpg
-    n_rows = tl.cast(N, tl.int64) * groups
     n_segments = tl.cast(N, tl.int64) * C
-    size = _group_size(cpg, hw)
     h_steps = tl.cdiv(hw, BLOCK_HW)
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        base = row * cpg * hw
-        first = (row % groups) * cpg
-        k, s1, s2, sg, sgd = _group_sums(
-            X, DY, W, base, first, cpg, hw, h_steps, steps, True, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES
+        base, first, mean, rstd, mg, mgx = _looped_group_stats(
+            X, DY, W, row, groups, cpg, hw, h_steps, steps, eps, True, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES
         )
-        mean_d = s1 / size  # mean - k
-        mean = k + mean_d
-        rstd = tl.math.rsqrt(tl.maximum(s2 - s1 * mean_d, 0.0) / size + eps)
-        mg = sg / size
-        mgx = rstd * (sgd - mean_d * sg) / size
         acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         for i in tl.range(0, steps, num_stages=LOOP_STAGES):

@@ -1,0 +1,141 @@
+"""Compile every kernel the launchers launch for a CUDA target, with no GPU.
+
+The Triton interpreter runs kernels as NumPy, so it accepts code that the
+real compiler rejects (a loop-carried variable changing type, say).  This
+script runs each backend's launchers on CPU tensors with
+``JITFunction.run`` (what ``kernel[grid](...)`` calls) replaced by a
+recorder, then hands every distinct
+(kernel, argument types, constexprs, options) it saw to ``triton.compile``
+for an sm_90 target (Triton's bundled ptxas; nothing runs).  The NPU
+launchers' kernels are compiled for that target too: triton-ascend's
+compiler is not here, but the language front end, where such errors
+surface, is shared.  Run it as a
+subprocess with TRITON_INTERPRET unset (``tests/test_cuda_compile.py``):
+kernels jitted for the interpreter cannot be compiled.
+
+    python -m tests.cuda_compile_check      # exit status 1 on a compile error
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGET = GPUTarget("cuda", 90, 32)
+_POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
+            torch.int64: "*i64"}  # fmt: skip
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def _arg_type(a: Any) -> str:
+    if isinstance(a, torch.Tensor):
+        return _POINTER[a.dtype]
+    if isinstance(a, bool):
+        return "i1"
+    if isinstance(a, int):
+        return "i32" if -(2**31) <= a < 2**31 else "i64"
+    if isinstance(a, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for a runtime argument of type {type(a).__name__}")
+
+
+def record_launches(run) -> dict[tuple, tuple]:
+    """{key: (kernel, signature, constexprs, options)} of every launch ``run()`` makes."""
+    seen: dict[tuple, tuple] = {}
+
+    def record(kernel, *args: Any, grid: Any, warmup: bool, **meta: Any) -> None:
+        names = kernel.arg_names
+        runtime = [n for n in names if n not in meta]
+        signature = {n: _arg_type(a) for n, a in zip(runtime, args, strict=True)}
+        constexprs = {n: v for n, v in meta.items() if n not in LAUNCH_OPTIONS}
+        signature.update({n: "constexpr" for n in constexprs})
+        signature = {n: signature[n] for n in names}
+        options = {n: v for n, v in meta.items() if n in LAUNCH_OPTIONS}
+        key = (kernel.__name__, tuple(signature.values()), tuple(sorted(constexprs.items())),
+               tuple(sorted(options.items())))  # fmt: skip
+        seen.setdefault(key, (kernel, signature, constexprs, options))
+
+    jit = triton.runtime.jit.JITFunction
+    original = jit.run
+    jit.run = record
+    try:
+        run()
+    finally:
+        jit.run = original
+    return seen
+
+
+def compile_all(seen: dict[tuple, tuple]) -> list[str]:
+    failures = []
+    for key, (kernel, signature, constexprs, options) in seen.items():
+        names = kernel.arg_names
+        src = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constexprs.items()})
+        try:
+            triton.compile(src, target=TARGET, options=options)
+        except Exception:
+            failures.append(f"{key}\n{traceback.format_exc(limit=1)}")
+    return failures
+
+
+def _launch_every_path() -> None:
+    """Each op's CUDA and NPU launchers over the shapes and options that select
+    each of their kernels and constexpr branches, in two dtypes."""
+    from csrc_free_ops.group_norm import cuda as gn_cuda
+    from csrc_free_ops.group_norm import npu as gn_npu
+    from csrc_free_ops.poly_norm import cuda as pn_cuda
+    from csrc_free_ops.poly_norm import npu as pn_npu
+    from csrc_free_ops.rope import cuda as rope_cuda
+    from csrc_free_ops.rope import npu as rope_npu
+
+    for dt in (torch.bfloat16, torch.float32):
+        w3, b1 = torch.ones(3, dtype=dt), torch.zeros(1, dtype=dt)
+        for cols, max_block in ((64, 8192), (3000, 8192), (9000, 1024)):  # whole rows, pipelined, column blocks
+            x = torch.zeros(8, cols, dtype=dt)
+            pn_cuda.forward(x, w3, b1, 1e-6, max_block=max_block)
+            pn_cuda.backward(x, x, w3, 1e-6, max_block=max_block)
+        pn_npu.forward(x, w3, b1, 1e-6)
+        pn_npu.backward(x, x, w3, 1e-6)
+
+        q, k = torch.zeros(2, 4, 6, 64, dtype=dt), torch.zeros(2, 2, 6, 64, dtype=dt)
+        for rot in (64, 32):  # full and partial rotary
+            cos = sin = torch.zeros(1, 6, rot, dtype=dt)
+            for rope in (rope_cuda, rope_npu):
+                rope.forward(q, k, cos, sin)
+                rope.backward(q, k, cos, sin)
+                rope.forward_(q, k, cos, sin)
+
+        w = torch.ones(16, dtype=torch.float32)
+        gn_x = torch.zeros(2, 16, 40, dtype=dt)
+        for opts in ({}, {"whole_group_tile": 0, "looped_groups": True},
+                     {"whole_group_tile": 0, "looped_groups": False, "target_items": 1},
+                     {"tile": 16, "target_items": 64, "looped_groups": False}):  # fmt: skip
+            for weight, bias in ((w, w), (None, None), (w, None)):
+                gn_cuda.forward(gn_x, 4, weight, bias, 1e-5, **opts)
+                gn_cuda.backward(gn_x, gn_x, 4, weight, bias, 1e-5, **opts)
+        gn_npu.forward(gn_x, 4, w, w, 1e-5)
+        gn_npu.backward(gn_x, gn_x, 4, w, w, 1e-5)
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("run with TRITON_INTERPRET unset: interpreted kernels cannot be compiled", file=sys.stderr)
+        return 2
+    os.environ.setdefault("CSRC_FREE_OPS_NPU_PROFILE", "Ascend910B4")
+    seen = record_launches(_launch_every_path)
+    failures = compile_all(seen)
+    kernels = sorted({key[0] for key in seen})
+    print(f"compiled {len(seen) - len(failures)} of {len(seen)} specializations of {len(kernels)} kernels for {TARGET}")
+    for f in failures:
+        print("FAILED", f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Every kernel the launchers use compiles for a real GPU target, checked
+without a GPU (see tests/cuda_compile_check.py): the interpreter that runs
+the rest of the CPU suite accepts code the compiler rejects."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the suite compiles every kernel it runs")
+@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="Triton has no CUDA backend")
+def test_every_launched_kernel_compiles_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.cuda_compile_check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "compiled" in done.stdout and " of 0 " not in done.stdout, done.stdout
