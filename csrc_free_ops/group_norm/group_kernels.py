@@ -7,8 +7,9 @@ and NPU launchers:
 * whole: the group, padded to a [BLOCK_C, BLOCK_HW] tile, sits in registers
   (or UB); x is read once and the variance is an exact two-pass one;
 * looped: the group is walked in [BLOCK_C, BLOCK_HW] tiles twice -- once for
-  the statistics (sums of x minus the group's first element, as in
-  ``kernels.py``), once to write the output.  The second pass walks the
+  the statistics (float32 sums of x minus the mean of the group's first
+  tile, so that a large mean does not cancel the variance), once to write
+  the output.  The second pass walks the
   tiles last-first, so it re-reads what the first pass just streamed while
   it is still in L2: HBM sees x about once, and no partials, merge or
   second launch are needed.
@@ -17,7 +18,7 @@ Backward needs the group sums of g = dy * w and g * (x - mean); the looped
 kernel gathers them with the statistics in its first pass.  Both kinds
 write the per-(sample, channel) dweight / dbias terms that
 ``kernels.channel_reduce_kernel`` sums, as sum(dy * xhat) and sum(dy) in
-the two (N, C) rows of PART (rows GRAD_W_ROW and GRAD_B_ROW).  Each takes the runtime
+two (N, C) rows of PART (GRAD_W_ROW, GRAD_B_ROW).  Each takes the runtime
 arguments of the split path's apply / dx kernel (PART unused forward, chunk
 unused), so the launch sequence passes the same arguments to any plan.
 """

@@ -28,6 +28,8 @@ tile = largest power of two <= (UB / 2) / bytes_per_element.  Per element
 
 A group whose padded [channels, spatial] tile fits the whole-group budget is
 normalized by one program (one launch forward, one plus the reduce backward).
+Larger groups take the split path: CUDA's looped-group path relies on L2
+serving its second walk, which has not been measured on an Ascend part.
 
 A direction's streaming kernels share one tile, sized by the costlier one.
 """
