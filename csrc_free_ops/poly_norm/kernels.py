@@ -110,12 +110,8 @@ def bwd_tile_kernel(
         s1 = tl.sum(dy * x, axis=1)[:, None]
         s2 = tl.sum(dy * x2, axis=1)[:, None]
         s3 = tl.sum(dy * x3, axis=1)[:, None]
-        a1 = w1 * r1
-        a2 = w2 * r2
-        a3 = w3 * r3
-        dx = row_math.backward_values(
-            x, dy, a1, a2, a3, a1 * r1 * r1 * s1 * inv_n, a2 * r2 * r2 * s2 * inv_n, a3 * r3 * r3 * s3 * inv_n
-        )
+        a1, a2, a3, c1, c2, c3 = row_math.backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n)
+        dx = row_math.backward_values(x, dy, a1, a2, a3, c1, c2, c3)
         tl.store(DX + rows * stride_dxm + cols, dx.to(DX.dtype.element_ty), mask=mask)
         # Rows past n_rows loaded zeros, so their s_k and sum(dy) are 0.
         dw1 += tl.sum(r1 * s1)
@@ -163,12 +159,7 @@ def bwd_blocked_kernel(
             s2 += tl.sum(dy * x2)
             s3 += tl.sum(dy * x2 * x)
         r1, r2, r3 = row_math.rstds(m2, m4, m6, inv_n, eps)
-        a1 = w1 * r1
-        a2 = w2 * r2
-        a3 = w3 * r3
-        c1 = a1 * r1 * r1 * s1 * inv_n
-        c2 = a2 * r2 * r2 * s2 * inv_n
-        c3 = a3 * r3 * r3 * s3 * inv_n
+        a1, a2, a3, c1, c2, c3 = row_math.backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols

@@ -33,6 +33,16 @@ def rstds(s2, s4, s6, inv_n, eps):
 
 
 @triton.jit
+def backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n):
+    """(a1, a2, a3, c1, c2, c3) of ``backward_values``: a_k = w_k * r_k and
+    c_k = a_k * r_k^2 * S_k / n."""
+    a1 = w1 * r1
+    a2 = w2 * r2
+    a3 = w3 * r3
+    return a1, a2, a3, a1 * r1 * r1 * s1 * inv_n, a2 * r2 * r2 * s2 * inv_n, a3 * r3 * r3 * s3 * inv_n
+
+
+@triton.jit
 def forward_values(x, a1, a2, a3, b):
     return x * (a1 + x * (a2 + x * a3)) + b
 
