@@ -137,7 +137,7 @@ def test_launchers_with_small_tiles_and_split_groups(case, dtype, affine, tile, 
 def test_split_plan_is_exercised():
     """The small-tile settings above really split groups across programs."""
     policy = cuda.CudaPolicy(torch.device("cpu"), tile=8, target_items=64, looped_groups=False)
-    plan = policy.plan(torch.empty(2, 4, 40), 2, False)
+    plan = launch.plan(policy, torch.empty(2, 4, 40), 2, False)
     assert plan.splits > 1 and plan.chunk < 40 and plan.block_c * plan.block_hw <= 8
 
 
@@ -216,7 +216,7 @@ def test_every_path_writes_every_output(monkeypatch, shape, groups, opts, path):
     workspace are all torch.empty)."""
     policy = cuda.CudaPolicy(torch.device(DEVICE), **opts)
     for backward in (False, True):
-        plan = policy.plan(torch.empty(shape), groups, backward)
+        plan = launch.plan(policy, torch.empty(shape), groups, backward)
         assert plan.whole_groups == (path == "whole")
         assert plan.looped_groups == (path == "looped")
         if path in ("fused", "finalize"):

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import npu
+from csrc_free_ops.group_norm import launch, npu
 from tests.helpers import FLOAT_DTYPES, simulate_ascend
 from tests.privateuse1_backend import run_scenario
 from tests.test_group_norm import (
@@ -84,7 +84,7 @@ def test_tiny_ub_plans_every_multi_step_path(monkeypatch):
     monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(TINY_CORES))
     policy = npu.NpuPolicy()
     for backward in (False, True):
-        plan = policy.plan(torch.empty(MULTI_STEP_SHAPE), 1, backward)
+        plan = launch.plan(policy, torch.empty(MULTI_STEP_SHAPE), 1, backward)
         assert plan.chunk > plan.block_hw  # several tiles per item
         assert plan.splits > 1  # a group's statistics come from several programs
         assert plan.items > policy.grid(plan.items)  # grid-stride loop
@@ -108,7 +108,7 @@ def test_npu_fused_and_finalize_merges_write_every_output(monkeypatch, dtype, sh
     policy = npu.NpuPolicy()
     x = torch.randn(shape, dtype=dtype)
     for backward in (False, True):
-        plan = policy.plan(x, 1, backward)
+        plan = launch.plan(policy, x, 1, backward)
         assert plan.fused == fused
         if fused:
             assert policy.finalize_block(plan.segments_per_group, plan.block_c) < plan.segments_per_group
@@ -126,7 +126,7 @@ def test_default_profile_plans_whole_groups(monkeypatch):
     """Small groups: one program per (sample, group), inside the UB budget."""
     monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", "Ascend910B4")
     for backward in (False, True):
-        plan = npu.NpuPolicy().plan(torch.empty(2, 6, 5, 7), 3, backward=backward)
+        plan = launch.plan(npu.NpuPolicy(), torch.empty(2, 6, 5, 7), 3, backward=backward)
         assert plan.whole_groups and (plan.block_c, plan.block_hw) == (2, 64)
         per_element = npu.group_bytes_per_element(4, backward)
         assert plan.block_c * plan.block_hw * per_element <= device.npu_ub_bytes() // 2
@@ -134,7 +134,7 @@ def test_default_profile_plans_whole_groups(monkeypatch):
 
 def test_default_profile_splits_groups_over_the_ub_budget(monkeypatch):
     monkeypatch.setenv("CSRC_FREE_OPS_NPU_PROFILE", "Ascend910B4")
-    plan = npu.NpuPolicy().plan(torch.empty(2, 8, 64, 64), 1, backward=True)
+    plan = launch.plan(npu.NpuPolicy(), torch.empty(2, 8, 64, 64), 1, backward=True)
     assert not plan.whole_groups and plan.block_c * plan.block_hw < 8 * 4096
 
 
@@ -155,7 +155,7 @@ def test_tiles_fit_half_the_ub(ascend):
             tile = npu.tile_elements(cost)
             assert tile * cost <= budget or tile == 1
             for shape in ((2, 64, 300), (2, 8, 100)):  # split, then (on real profiles) whole groups
-                plan = npu.NpuPolicy().plan(torch.empty(shape, dtype=dtype), 4, backward)
+                plan = launch.plan(npu.NpuPolicy(), torch.empty(shape, dtype=dtype), 4, backward)
                 if plan.whole_groups:
                     assert plan.block_c * plan.block_hw * npu.group_bytes_per_element(itemsize, backward) <= budget
                 else:

@@ -19,7 +19,7 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, looped_group_plan, make_plan, spatial_size, whole_group_plan
+from csrc_free_ops.group_norm.plan import Plan, looped_group_plan, make_plan, whole_group_plan
 from csrc_free_ops.host_math import next_pow2
 
 # Largest group (channels x spatial, each padded to a power of two) one program
@@ -75,9 +75,6 @@ class CudaPolicy:
         self._whole = whole_group_tile
         self._looped = looped_groups
         self.key = ("cuda", self._sms, tile, self._target, whole_group_tile, looped_groups)
-
-    def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan:
-        return self.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
 
     def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan:
         whole_cap = self._whole if self._whole is not None else self._tile

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from csrc_free_ops.group_norm import group_kernels, kernels
-from csrc_free_ops.group_norm.plan import Plan
+from csrc_free_ops.group_norm.plan import Plan, spatial_size
 from csrc_free_ops.host_math import cdiv
 from csrc_free_ops.launcher import Launcher
 
@@ -42,8 +42,6 @@ MAX_CACHED = 1024
 class Policy(Protocol):
     # Plain, hashable description of the policy (its part of the cache key).
     key: tuple
-
-    def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan: ...
 
     def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan: ...
 
@@ -161,6 +159,11 @@ def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, 
     return _Steps(p, workspace, stream_sizes, sizes, partials, finalize, main, reduce)
 
 
+def plan(policy: Policy, x: torch.Tensor, groups: int, backward: bool) -> Plan:
+    """The plan ``policy`` makes for x (as (N, C, *spatial)) split into ``groups``."""
+    return policy.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
+
+
 def _steps(policy: Policy, x: torch.Tensor, groups: int, has_w: bool, has_b: bool, backward: bool) -> _Steps:
     shape = x.shape
     n, c = shape[0], shape[1]
@@ -230,8 +233,7 @@ def backward(
         s.finalize.run(part, w, *s.sizes, eps)
     s.main.run(x, dy, dx, w, part, *s.sizes, eps)
     if s.reduce is not None:
-        part_rows = s.plan.n * s.plan.splits
-        s.reduce.run(part, dweight if has_w else part, dbias if has_b else part, part_rows, c)
+        s.reduce.run(part, dweight if has_w else part, dbias if has_b else part, s.plan.part_rows, c)
     return dx, dweight, dbias
 
 

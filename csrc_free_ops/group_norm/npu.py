@@ -40,7 +40,7 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch
-from csrc_free_ops.group_norm.plan import Plan, make_plan, spatial_size, whole_group_plan
+from csrc_free_ops.group_norm.plan import Plan, make_plan, whole_group_plan
 from csrc_free_ops.host_math import next_pow2
 
 FINALIZE_BYTES_PER_ELEMENT = 28
@@ -74,9 +74,6 @@ class NpuPolicy:
         self._cores = device.npu_vector_cores()
         self._ub = device.npu_ub_bytes()
         self.key = ("npu", self._cores, self._ub)
-
-    def plan(self, x: torch.Tensor, groups: int, backward: bool) -> Plan:
-        return self.plan_for(x.shape[0], x.shape[1], spatial_size(tuple(x.shape)), groups, x.element_size(), backward)
 
     def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan:
         whole_cap = tile_elements(group_bytes_per_element(itemsize, backward), self._ub)
