@@ -19,6 +19,7 @@ triton-ascend, other versions) every call goes through ``kernel[grid]``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -57,6 +58,17 @@ def _direct_launch_supported(kernel: Any) -> bool:
         return False
 
 
+def on_device_of(t: Any) -> contextlib.AbstractContextManager:
+    """Make ``t``'s device the current one for a launch.  Triton launches on
+    (and compiles for) the current device, while a model spread over several
+    devices (``device_map="auto"``) hands kernels tensors on another one;
+    launching there anyway fails or reads the wrong memory."""
+    index = t.get_device() if isinstance(t, torch.Tensor) else -1
+    if index < 0 or index == torch.accelerator.current_device_index():
+        return contextlib.nullcontext()
+    return torch.accelerator.device_index(index)
+
+
 def _launch_hooks_installed() -> bool:
     rt = triton.knobs.runtime
     return any(getattr(h, "calls", h) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
@@ -93,10 +105,19 @@ class Launcher:
                 self._tail = tuple(meta[p.name] for p in tail)
 
     def __call__(self, grid: int, *args: Any) -> None:
+        """Launch on the device of the first argument (a tensor)."""
         if len(args) != self._n_runtime:
-            self.kernel[(grid,)](*args, **self.meta)
+            with on_device_of(args[0] if args else None):
+                self.kernel[(grid,)](*args, **self.meta)
             return
-        dev = torch.cuda.current_device()
+        dev = args[0].get_device()
+        if dev != torch.cuda.current_device():
+            with torch.cuda.device(dev):
+                self._launch(dev, grid, args)
+        else:
+            self._launch(dev, grid, args)
+
+    def _launch(self, dev: int, grid: int, args: tuple) -> None:
         key = self._key(dev, args)
         compiled = self._compiled.get(key)
         if compiled is None or _launch_hooks_installed():

@@ -5,6 +5,7 @@ used it must fall back to ``kernel[grid]``."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -93,3 +94,57 @@ def test_constexprs_left_to_their_defaults_take_the_regular_launch(dev):
 @pytest.mark.skipif(CUDA, reason="checks the interpreter's fallback")
 def test_interpreter_never_takes_the_direct_path():
     assert not launcher_mod._direct_launch_supported(_scaled_gather)
+
+
+class _OnDevice1(torch.Tensor):
+    """A CPU tensor claiming to live on device 1 (for the guard's logic on any machine)."""
+
+    def get_device(self) -> int:
+        return 1
+
+
+def test_launches_switch_to_the_tensors_device(monkeypatch):
+    entered = []
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "device_index", lambda i: entered.append(i) or contextlib.nullcontext())
+    with launcher_mod.on_device_of(torch.empty(1).as_subclass(_OnDevice1)):
+        pass
+    assert entered == [1]
+    with launcher_mod.on_device_of(torch.empty(1)):  # CPU: nothing to switch
+        pass
+    with launcher_mod.on_device_of(None):
+        pass
+    assert entered == [1]
+
+
+TWO_GPUS = CUDA and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA devices")
+def test_ops_on_a_device_that_is_not_current():
+    """device_map="auto" hands layers tensors on cuda:1 while cuda:0 is current:
+    every op, forward and backward, must give there what it gives on cuda:0."""
+    import registrations  # noqa: F401
+
+    def run(dev: str) -> list[torch.Tensor]:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(64, 256, generator=g).to(dev).requires_grad_()
+        w, b = torch.randn(3, generator=g).to(dev), torch.randn(1, generator=g).to(dev)
+        q = torch.randn(2, 4, 16, 32, generator=g).to(dev).requires_grad_()
+        k = torch.randn(2, 2, 16, 32, generator=g).to(dev).requires_grad_()
+        cos, sin = torch.randn(16, 32, generator=g).to(dev), torch.randn(16, 32, generator=g).to(dev)
+        xg = torch.randn(4, 64, 512, generator=g).to(dev).requires_grad_()
+        outs = [
+            torch.ops.liger.poly_norm(x, w, b),
+            *torch.ops.liger.rope(q, k, cos, sin),
+            torch.ops.liger.group_norm(xg, 8),
+        ]
+        grads = torch.autograd.grad(outs, [x, q, k, xg], [torch.ones_like(o) for o in outs])
+        return [t.cpu() for t in (*outs, *grads)]
+
+    torch.cuda.set_device(0)
+    on_current = run("cuda:0")
+    on_other = run("cuda:1")
+    assert torch.cuda.current_device() == 0
+    for a, b in zip(on_current, on_other, strict=True):
+        assert torch.equal(a, b)

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from csrc_free_ops import device
 from csrc_free_ops.host_math import next_pow2
+from csrc_free_ops.launcher import on_device_of
 from csrc_free_ops.rope import launch, row_math
 
 FP32_BYTES = 4
@@ -106,11 +107,12 @@ def _plan(p: launch.Problem, size: int, copy_pass: bool) -> NpuPlan:
 
 def _launch_rows(p: launch.Problem, args: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
     cfg = _plan(p, size, copy_pass)
-    _rope_kernel[(cfg.grid,)](
-        *args, p.rows,
-        BLOCK_QH=cfg.block_qh, BLOCK_KH=cfg.block_kh, BLOCK_HALF=cfg.block_half, BLOCK_PASS=cfg.block_pass,
-        BACKWARD=backward, COPY_PASS=copy_pass,
-    )  # fmt: skip
+    with on_device_of(args[0]):
+        _rope_kernel[(cfg.grid,)](
+            *args, p.rows,
+            BLOCK_QH=cfg.block_qh, BLOCK_KH=cfg.block_kh, BLOCK_HALF=cfg.block_half, BLOCK_PASS=cfg.block_pass,
+            BACKWARD=backward, COPY_PASS=copy_pass,
+        )  # fmt: skip
 
 
 rotate_into = launch.rotator(_launch_rows)
