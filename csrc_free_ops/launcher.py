@@ -111,7 +111,7 @@ class Launcher:
                 self.kernel[(grid,)](*args, **self.meta)
             return
         dev = args[0].get_device()
-        if dev != torch.cuda.current_device():
+        if dev != torch._C._cuda_getDevice():  # CUDA is initialized: args[0] lives there
             with torch.cuda.device(dev):
                 self._launch(dev, grid, args)
         else:

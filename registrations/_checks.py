@@ -15,11 +15,14 @@ def check_float_dtype(op: str, name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{op}: {name} must be float32, bfloat16 or float16, got {t.dtype}")
 
 
-def check_same_dtype_device(op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor) -> None:
-    if t.dtype != ref.dtype:
-        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
-    if t.device != ref.device:
-        raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; they must match")
+def check_all_like(op: str, ref_name: str, ref: torch.Tensor, named: tuple[tuple[str, torch.Tensor], ...]) -> None:
+    """Each (name, tensor) of ``named`` has ref's dtype and device."""
+    dtype, device = ref.dtype, ref.device
+    for name, t in named:
+        if t.dtype != dtype:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype} but {ref_name} has {dtype}; they must match")
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {device}; they must match")
 
 
 def check_eps(op: str, eps: float) -> None:

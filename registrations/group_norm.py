@@ -55,7 +55,7 @@ def _check(
 def _check_backward(grad_out: torch.Tensor, x: torch.Tensor) -> None:
     if grad_out.shape != x.shape:
         raise ValueError(f"{_OP}_backward: grad_out shape {tuple(grad_out.shape)} != x shape {tuple(x.shape)}")
-    _checks.check_same_dtype_device(_OP + "_backward", "x", x, "grad_out", grad_out)
+    _checks.check_all_like(_OP + "_backward", "x", x, (("grad_out", grad_out),))
 
 
 def _group_norm(

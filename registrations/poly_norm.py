@@ -31,8 +31,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
         raise ValueError(f"{_OP}: weight must have shape (3,), got {tuple(weight.shape)}")
     if bias.dim() > 1 or bias.numel() != 1:
         raise ValueError(f"{_OP}: bias must have shape (1,) or (), got {tuple(bias.shape)}")
-    _checks.check_same_dtype_device(_OP, "x", x, "weight", weight)
-    _checks.check_same_dtype_device(_OP, "x", x, "bias", bias)
+    _checks.check_all_like(_OP, "x", x, (("weight", weight), ("bias", bias)))
     _checks.check_eps(_OP, eps)
 
 
@@ -51,7 +50,7 @@ def _poly_norm_backward(
 def _check_backward(grad_out: torch.Tensor, x: torch.Tensor) -> None:
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ValueError(f"{_OP}_backward: grad_out shape {tuple(grad_out.shape)} != x shape {tuple(x.shape)}")
-    _checks.check_same_dtype_device(_OP + "_backward", "x", x, "grad_out", grad_out)
+    _checks.check_all_like(_OP + "_backward", "x", x, (("grad_out", grad_out),))
 
 
 POLY_NORM = define("poly_norm(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> Tensor", _poly_norm)

@@ -32,21 +32,23 @@ _LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.rope"
 
 
-def _check_heads(op: str, name: str, t: torch.Tensor) -> None:
-    if t.dim() != 4:
-        raise ValueError(f"{op}: {name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
+def _check_heads(op: str, name: str, shape: torch.Size) -> None:
+    if len(shape) != 4:
+        raise ValueError(f"{op}: {name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(shape)}")
 
 
-def _check_table(op: str, cos: torch.Tensor, sin: torch.Tensor, batch: int, seq: int, head_dim: int) -> None:
-    if cos.shape != sin.shape:
-        raise ValueError(f"{op}: cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if cos.dim() not in (2, 3) or (cos.dim() == 3 and cos.shape[0] != 1 and cos.shape[0] != batch):
+def _check_table(op: str, cos: torch.Size, sin: torch.Size, batch: int, seq: int, head_dim: int) -> None:
+    """cos and sin are the tables' shapes."""
+    if cos != sin:
+        raise ValueError(f"{op}: cos and sin must have the same shape, got {tuple(cos)} and {tuple(sin)}")
+    rank = len(cos)
+    if rank not in (2, 3) or (rank == 3 and cos[0] != 1 and cos[0] != batch):
         raise ValueError(
-            f"{op}: cos/sin must have shape (S, R), (1, S, R) or (B, S, R) with B={batch}, got {tuple(cos.shape)}"
+            f"{op}: cos/sin must have shape (S, R), (1, S, R) or (B, S, R) with B={batch}, got {tuple(cos)}"
         )
-    if cos.shape[-2] != seq:
-        raise ValueError(f"{op}: cos/sin have sequence length {cos.shape[-2]} but q and k have {seq}")
-    rot = cos.shape[-1]
+    if cos[-2] != seq:
+        raise ValueError(f"{op}: cos/sin have sequence length {cos[-2]} but q and k have {seq}")
+    rot = cos[-1]
     if rot % 2 != 0 or rot < 2 or rot > head_dim:
         raise ValueError(
             f"{op}: rotary dim R = cos.shape[-1] must be even and between 2 and head_dim={head_dim}, got {rot}"
@@ -56,16 +58,18 @@ def _check_table(op: str, cos: torch.Tensor, sin: torch.Tensor, batch: int, seq:
 def _check(
     op: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, names: tuple[str, str] = ("q", "k")
 ) -> None:
+    """Runs on every eager call: each shape is read once."""
     qn, kn = names
     _checks.check_float_dtype(op, qn, q)
-    for name, t in ((kn, k), ("cos", cos), ("sin", sin)):
-        _checks.check_same_dtype_device(op, qn, q, name, t)
-    _check_heads(op, qn, q)
-    _check_heads(op, kn, k)
-    for dim, what in ((0, "batch size"), (2, "sequence length"), (3, "head_dim")):
-        if q.shape[dim] != k.shape[dim]:
-            raise ValueError(f"{op}: {qn} and {kn} must have the same {what}, got {q.shape[dim]} and {k.shape[dim]}")
-    _check_table(op, cos, sin, q.shape[0], q.shape[2], q.shape[3])
+    _checks.check_all_like(op, qn, q, ((kn, k), ("cos", cos), ("sin", sin)))
+    qs, ks = q.shape, k.shape
+    _check_heads(op, qn, qs)
+    _check_heads(op, kn, ks)
+    if qs[0] != ks[0] or qs[2] != ks[2] or qs[3] != ks[3]:
+        for dim, what in ((0, "batch size"), (2, "sequence length"), (3, "head_dim")):
+            if qs[dim] != ks[dim]:
+                raise ValueError(f"{op}: {qn} and {kn} must have the same {what}, got {qs[dim]} and {ks[dim]}")
+    _check_table(op, cos.shape, sin.shape, qs[0], qs[2], qs[3])
 
 
 def _check_in_place(q: torch.Tensor, k: torch.Tensor) -> None:
