@@ -235,13 +235,15 @@ def test_every_path_writes_every_output(monkeypatch, shape, groups, opts, path):
 
 
 def test_cuda_policy_picks_the_looped_path_when_groups_fill_the_sms():
-    """Groups too large for registers: looped with a (sample, group) per two
-    SMs or more, split below that; small groups stay whole."""
+    """Groups too large for registers: looped with enough (sample, group) rows
+    per SM (fewer backward, which streams x and dy, needs more), split below
+    that; small groups stay whole."""
     policy = cuda.CudaPolicy(None, sms=132)
     for backward in (False, True):
         assert policy.plan_for(4, 512, 4096, 32, 2, backward).looped_groups  # 128 rows
-        split = policy.plan_for(2, 512, 4096, 32, 2, backward)  # 64 rows
-        assert not split.per_group and split.items >= 64
+        assert policy.plan_for(2, 512, 4096, 32, 2, backward).looped_groups == (not backward)  # 64 rows
+        split = policy.plan_for(1, 512, 4096, 32, 2, backward)  # 32 rows
+        assert not split.per_group and split.items >= 32
         assert policy.plan_for(64, 512, 64, 32, 2, backward).whole_groups  # 16 x 64 elements
 
 

@@ -4,8 +4,8 @@ TRITON_INTERPRET=1).
 The kernels live in ``kernels.py`` (shared with the NPU launchers) and the
 launch sequence in ``launch.py``; this module is the CUDA launch policy:
 a group of up to FWD/BWD_GROUP_TILE elements held whole by one program; else,
-with a (sample, group) row for every LOOP_SMS_PER_ROW SMs, one program per
-row walking it twice in tiles (the second walk hits L2); else
+with at least FWD/BWD_LOOP_ROWS_PER_SM (sample, group) rows per SM, one
+program per row walking it twice in tiles (the second walk hits L2); else
 register-sized tiles, enough work items for a few waves per SM (a group's
 statistics are split across programs when N * channel blocks falls short),
 and a grid capped at a few programs per SM, walking the rest with a stride.
@@ -26,13 +26,14 @@ from csrc_free_ops.host_math import next_pow2
 # holds whole in registers: the backward keeps about twice the forward's arrays.
 FWD_GROUP_TILE = 8192
 BWD_GROUP_TILE = 4096
-# Looped groups need at least one (sample, group) row per LOOP_SMS_PER_ROW SMs:
-# with fewer, too few programs stream (H200, 65536-element groups: 128 rows
-# beat the split path by 1.3-1.6x, 64 rows lost to it).  Tile elements (by
+# Looped groups need enough (sample, group) rows per SM, or too few programs
+# stream.  H200, 65536-element groups, looped / split time by rows per SM
+# (bench/NOTES.md, session 4): forward 0.24 -> 1.01-1.30, 0.48 -> 0.89-0.96;
+# backward 0.73 -> 0.94-1.18, 0.97 -> 0.88.  Thresholds between.  Tile elements (by
 # x's element size forward), warps and software-pipelining depth of the
 # walks, from sweeps on (8 or 16, 512, 64, 64) bf16 / fp32: pipelining pays
 # backward (x and dy in flight), not forward.
-LOOP_SMS_PER_ROW = 2
+FWD_LOOP_ROWS_PER_SM, BWD_LOOP_ROWS_PER_SM = 0.36, 0.85
 FWD_LOOP_TILE = {2: 8192, 4: 16384}
 BWD_LOOP_TILE = 4096
 FWD_LOOP_WARPS, BWD_LOOP_WARPS = 8, 4
@@ -85,7 +86,7 @@ class CudaPolicy:
             return whole
         looped = self._looped
         if looped is None:
-            looped = n * groups * LOOP_SMS_PER_ROW >= self._sms
+            looped = n * groups >= self._sms * (BWD_LOOP_ROWS_PER_SM if backward else FWD_LOOP_ROWS_PER_SM)
         if looped:
             tile = BWD_LOOP_TILE if backward else FWD_LOOP_TILE.get(itemsize, FWD_LOOP_TILE[2])
             return looped_group_plan(n, c, hw, groups, self._tile or tile)
