@@ -34,16 +34,24 @@ _INT64 = range(-(2**63), 2**63)
 MAX_SCALAR_KEYS = 4096
 
 
-def _scalar_specialization(scalars: tuple) -> tuple:
-    """What Triton specializes on for non-tensor arguments: an int's equality
-    to 1, divisibility by 16 and width; for anything else (float, bool, None)
-    its type."""
+# Each distinct scalar specialization seen, numbered: launch keys hold the
+# number, which hashes in constant time (a tuple rehashes every element on
+# every lookup).  Distinct specializations are few; the table is not capped
+# because a number must never change meaning.
+_SPECIALIZATION_IDS: dict[tuple, int] = {}
+
+
+def scalar_specialization(scalars: tuple) -> int:
+    """A number standing for what Triton specializes on for non-tensor
+    arguments: an int's equality to 1, divisibility by 16 and width; for
+    anything else (float, bool, None) its type.  Callers that reuse one tuple
+    of scalars compute this once and pass both to ``Launcher.launch``."""
     key = []
     for a in scalars:
         if isinstance(a, torch.Tensor):
             raise TypeError("Launcher: a kernel's tensor arguments must all come before its scalars")
         key.append((a == 1, a & 15 == 0, a in _INT32, a in _INT64) if type(a) is int else type(a))
-    return tuple(key)
+    return _SPECIALIZATION_IDS.setdefault(tuple(key), len(_SPECIALIZATION_IDS))
 
 
 def _direct_launch_supported(kernel: Any) -> bool:
@@ -91,7 +99,7 @@ class Launcher:
         self.meta = meta
         self._n_tensors = -1
         self._compiled: dict[tuple, Any] = {}
-        self._scalar_keys: dict[tuple, tuple] = {}
+        self._scalar_keys: dict[tuple, int] = {}
         self._n_runtime = -1
         self._tail: tuple = ()
         if _direct_launch_supported(kernel):
@@ -107,45 +115,67 @@ class Launcher:
     def __call__(self, grid: int, *args: Any) -> None:
         """Launch on the device of the first argument (a tensor)."""
         if len(args) != self._n_runtime:
-            with on_device_of(args[0] if args else None):
-                self.kernel[(grid,)](*args, **self.meta)
+            self._launch_by_triton(grid, args)
             return
-        dev = args[0].get_device()
-        if dev != torch._C._cuda_getDevice():  # CUDA is initialized: args[0] lives there
-            with torch.cuda.device(dev):
-                self._launch(dev, grid, args)
-        else:
-            self._launch(dev, grid, args)
+        n = self._tensor_count(args)
+        scalars = args[n:]
+        self.launch(grid, args[:n], scalars, self._scalar_key(scalars))
 
-    def _launch(self, dev: int, grid: int, args: tuple) -> None:
-        key = self._key(dev, args)
+    def launch(self, grid: int, tensors: tuple, scalars: tuple, scalar_key: int) -> None:
+        """``self(grid, *tensors, *scalars)`` for a caller that keeps
+        ``scalar_key = scalar_specialization(scalars)`` with its scalars."""
+        if len(tensors) + len(scalars) != self._n_runtime:
+            self._launch_by_triton(grid, (*tensors, *scalars))
+            return
+        dev = tensors[0].get_device()
+        if dev != torch._C._cuda_getDevice():  # CUDA is initialized: tensors[0] lives there
+            with torch.cuda.device(dev):
+                self._launch(dev, grid, tensors, scalars, scalar_key)
+        else:
+            self._launch(dev, grid, tensors, scalars, scalar_key)
+
+    def _launch_by_triton(self, grid: int, args: tuple) -> None:
+        with on_device_of(args[0] if args else None):
+            self.kernel[(grid,)](*args, **self.meta)
+
+    def _launch(self, dev: int, grid: int, tensors: tuple, scalars: tuple, scalar_key: int) -> None:
+        key = self._key(dev, tensors, scalar_key)
         compiled = self._compiled.get(key)
         if compiled is None or _launch_hooks_installed():
-            compiled = self.kernel[(grid,)](*args, **self.meta)
+            compiled = self.kernel[(grid,)](*tensors, *scalars, **self.meta)
             if compiled is not None:
                 self._compiled[key] = compiled
             return
         stream = torch._C._cuda_getCurrentRawStream(dev)
         compiled.run(
-            grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *self._tail
-        )
+            grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *tensors, *scalars, *self._tail,
+        )  # fmt: skip
 
-    def _key(self, dev: int, args: tuple) -> tuple:
+    def _tensor_count(self, args: tuple) -> int:
         n = self._n_tensors
         if n < 0:
             n = self._n_tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
-        scalars = args[n:]
+        return n
+
+    def _scalar_key(self, scalars: tuple) -> int:
         # With the types: 1, 1.0 and True are equal as dict keys but not to Triton.
         cache_key = (scalars, tuple(map(type, scalars)))
         scalar_key = self._scalar_keys.get(cache_key)
         if scalar_key is None:
             if len(self._scalar_keys) >= MAX_SCALAR_KEYS:
                 self._scalar_keys.clear()
-            scalar_key = self._scalar_keys[cache_key] = _scalar_specialization(scalars)
-        # A non-tensor where the first call had a tensor fails here (no .dtype).
-        return dev, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]]), scalar_key
+            scalar_key = self._scalar_keys[cache_key] = scalar_specialization(scalars)
+        return scalar_key
+
+    @staticmethod
+    def _key(dev: int, tensors: tuple, scalar_key: int) -> tuple:
+        # A non-tensor among the tensors fails here (no .dtype).
+        return dev, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]), scalar_key
 
     def compiled_for(self, *args: Any) -> Any:
         """The compiled kernel a direct launch would use for ``args`` (None if
         none yet); tests compare it with what ``kernel[grid]`` selects."""
-        return self._compiled.get(self._key(torch.cuda.current_device(), args))
+        n = self._tensor_count(args)
+        key = self._key(torch.cuda.current_device(), args[:n], self._scalar_key(args[n:]))
+        return self._compiled.get(key)

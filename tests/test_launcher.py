@@ -148,3 +148,26 @@ def test_ops_on_a_device_that_is_not_current():
     assert torch.cuda.current_device() == 0
     for a, b in zip(on_current, on_other, strict=True):
         assert torch.equal(a, b)
+
+
+def test_launch_with_cached_scalars_matches_the_plain_call(dev):
+    """Launcher.launch (callers that keep the scalars' specialization) runs the
+    same kernel as Launcher(...)(grid, *args)."""
+    run = Launcher(_scaled_gather, BLOCK=32)
+    x = torch.randn(64, device=dev)
+    for n, stride in ((17, 2), (16, 1), (1, 3)):
+        scalars = (n, stride, 7, 2.0)
+        y = torch.full((32,), float("nan"), device=dev)
+        for _ in range(2):
+            run.launch(1, (x, y), scalars, launcher_mod.scalar_specialization(scalars))
+        torch.testing.assert_close(y[:n], _expected(x, n, stride, 7, 2.0))
+        assert torch.isnan(y[n:]).all()
+
+
+def test_scalar_specializations_tell_equal_values_of_other_types_apart():
+    spec = launcher_mod.scalar_specialization
+    assert len({spec((1,)), spec((1.0,)), spec((True,))}) == 3
+    assert spec((16, 1)) == spec((32, 1)) != spec((17, 1))
+    assert spec((2**31,)) != spec((2**31 - 16,))
+    with pytest.raises(TypeError, match="tensor arguments must all come before"):
+        spec((torch.empty(1),))

@@ -310,3 +310,28 @@ def test_offsets_beyond_int32():
     want_q, _ = reference.forward(q[tail].double(), k[tail].double(), cos[:, -2:].double(), sin[:, -2:].double())
     torch.ops.liger.rope_(q, k, cos, sin)
     assert_close_to_ref(q[tail], want_q, torch.bfloat16, "q (in place) past int32 offsets")
+
+
+def test_cached_layouts_give_the_scalars_of_their_tensors():
+    """rope caches each call's kernel scalars by shapes and strides: layouts that
+    differ only in one stride, table rank or head count get their own, and a
+    warm cache returns what a fresh computation gives."""
+    from csrc_free_ops.launcher import scalar_specialization
+    from csrc_free_ops.rope import launch
+
+    base = torch.empty(2, 6, 5, 8)
+    views = [
+        (base[:, :4], base[:, 4:]),  # rows of the fused buffer: strides of the (2, 6, 5, 8) tensor
+        (base[:, :4].contiguous(), base[:, 4:].contiguous()),
+        (torch.empty(2, 5, 4, 8).transpose(1, 2), torch.empty(2, 5, 2, 8).transpose(1, 2)),  # HF layout
+        (base[:, :3], base[:, 3:]),
+    ]
+    tables = [torch.empty(5, 8), torch.empty(1, 5, 8), torch.empty(2, 5, 8), torch.empty(5, 16)[:, :8]]
+    for _ in range(2):  # cold, then warm
+        for q, k in views:
+            for cos in tables:
+                qo, ko = torch.empty_like(q), torch.empty_like(k)
+                got = launch.layout(q, k, qo, ko, cos, cos)
+                p = launch.problem(q, k, cos)
+                scalars = launch.kernel_scalars(p, q, k, qo, ko, cos, cos)
+                assert got == launch.Layout(p, scalars, scalar_specialization(scalars))

@@ -60,8 +60,10 @@ def num_warps(block_h: int, width: int, element_size: int) -> int:
     return max(1, min(MAX_WARPS, next_pow2(max(1, threads // 32))))
 
 
-def _launch_rows(p: launch.Problem, args: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
-    _launcher(p.n_qh, p.n_kh, p.head_dim, p.rot_dim, size, backward, copy_pass)(p.rows, *args)
+def _launch_rows(lay: launch.Layout, tensors: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
+    p = lay.p
+    run = _launcher(p.n_qh, p.n_kh, p.head_dim, p.rot_dim, size, backward, copy_pass)
+    run.launch(p.rows, tensors, lay.scalars, lay.scalar_key)
 
 
 @functools.lru_cache(maxsize=256)

@@ -10,6 +10,10 @@ import torch
 from torch import Tensor
 
 from csrc_free_ops.host_math import next_pow2
+from csrc_free_ops.launcher import scalar_specialization
+
+# Layouts whose kernel scalars are kept (a bound on the cache's memory).
+MAX_LAYOUTS = 1024
 
 
 class Problem(NamedTuple):
@@ -50,28 +54,53 @@ def block_pass(p: Problem) -> int:
     return next_pow2(max(1, p.head_dim - p.rot_dim))
 
 
-def kernel_args(p: Problem, q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor) -> tuple:
-    """Every runtime argument of the row kernels, in order (p: the problem of q, k, cos)."""
+def kernel_scalars(p: Problem, q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor) -> tuple:
+    """The row kernels' runtime arguments after the six tensors, in order (p: the problem of q, k, cos)."""
     return (
-        q, k, qo, ko, cos, sin,
         p.seq_len, p.n_qh, p.n_kh, p.rot_dim // 2, p.rot_dim, p.head_dim,
         *q.stride(), *qo.stride(), *k.stride(), *ko.stride(),
         *table_strides(cos), *table_strides(sin),
     )  # fmt: skip
 
 
+class Layout(NamedTuple):
+    """A call's problem and kernel scalars, with the scalars' Triton specialization."""
+
+    p: Problem
+    scalars: tuple
+    scalar_key: int
+
+
+_LAYOUTS: dict[tuple, Layout] = {}
+
+
+def layout(q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor) -> Layout:
+    """The Layout of these tensors, cached by the shapes and strides it is
+    made from (training repeats them call after call)."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), qo.stride(), ko.stride(),
+           cos.shape, cos.stride(), sin.shape, sin.stride())  # fmt: skip
+    found = _LAYOUTS.get(key)
+    if found is None:
+        if len(_LAYOUTS) >= MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        p = problem(q, k, cos)
+        scalars = kernel_scalars(p, q, k, qo, ko, cos, sin)
+        found = _LAYOUTS[key] = Layout(p, scalars, scalar_specialization(scalars))
+    return found
+
+
 def rotator(launch_rows: Callable[..., None]) -> Callable[..., None]:
-    """A backend's ``rotate_into`` from its ``launch_rows(p, args, element_size,
-    *, backward, copy_pass)``, which launches the row kernel on ``args``
-    (kernel_args of the problem ``p``, which is never empty)."""
+    """A backend's ``rotate_into`` from its ``launch_rows(layout, tensors,
+    element_size, *, backward, copy_pass)``, which launches the row kernel on
+    ``(*tensors, *layout.scalars)`` (the problem ``layout.p`` is never empty)."""
 
     def rotate_into(q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor, *, backward: bool,
                     copy_pass: bool) -> None:  # fmt: skip
         """Write the rotation of q, k into qo, ko (which may be q, k); copy_pass copies dims R..D."""
-        p = problem(q, k, cos)
-        if not p.empty:
-            args = kernel_args(p, q, k, qo, ko, cos, sin)
-            launch_rows(p, args, q.element_size(), backward=backward, copy_pass=copy_pass)
+        lay = layout(q, k, qo, ko, cos, sin)
+        if not lay.p.empty:
+            tensors = (q, k, qo, ko, cos, sin)
+            launch_rows(lay, tensors, q.element_size(), backward=backward, copy_pass=copy_pass)
 
     return rotate_into
 

@@ -105,11 +105,12 @@ def _plan(p: launch.Problem, size: int, copy_pass: bool) -> NpuPlan:
     )
 
 
-def _launch_rows(p: launch.Problem, args: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
+def _launch_rows(lay: launch.Layout, tensors: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
+    p = lay.p
     cfg = _plan(p, size, copy_pass)
-    with on_device_of(args[0]):
+    with on_device_of(tensors[0]):
         _rope_kernel[(cfg.grid,)](
-            *args, p.rows,
+            *tensors, *lay.scalars, p.rows,
             BLOCK_QH=cfg.block_qh, BLOCK_KH=cfg.block_kh, BLOCK_HALF=cfg.block_half, BLOCK_PASS=cfg.block_pass,
             BACKWARD=backward, COPY_PASS=copy_pass,
         )  # fmt: skip
