@@ -8,7 +8,10 @@ same arguments to the compiled kernel directly.  A ``Launcher`` does the first
 launch of each specialization through ``kernel[grid]`` (so Triton compiles and
 caches it as usual) and keeps the returned compiled kernel under a key of the
 argument properties Triton specializes on (``Launcher._key``); later calls
-with the same key launch it directly on the current device and stream.
+with the same key launch it directly on the tensors' device and that
+device's current stream.  Callers whose scalar arguments repeat can keep
+them with their ``scalar_specialization`` and call ``Launcher.launch``,
+which skips working that out again.
 
 The direct path is taken only where it is known to match Triton's own launch:
 a real GPU build of a Triton version listed in ``DIRECT_LAUNCH_TRITON``, no
