@@ -84,3 +84,38 @@ def test_summary_only_rebuilds(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA demo is the nox demo session's job")
 def test_demo_cpu():
     assert demo.main([]) == 0
+
+
+def test_host_overhead_interleaves_paths_and_reports_per_round_ratios(monkeypatch):
+    """Every round times every path, starting one path further along each
+    time; the ratio column is the median of per-round ratios (2.0 here),
+    not the ratio of medians (4 / 3)."""
+    from bench import host_overhead, providers
+
+    order: list[str] = []
+    scripted = {"liger": iter([0.0, 4.0, 2.0, 9.0]), "liger_kernel": iter([0.0, 2.0, 8.0, 3.0])}  # warm-up first
+
+    class Fake:
+        def __init__(self, path: str):
+            self.path = path
+
+        def prepare(self) -> None:
+            pass
+
+        def full(self) -> float:
+            order.append(self.path)
+            return next(scripted[self.path])
+
+    def build(op, path, shape, device):
+        if path == "torch":
+            raise RuntimeError("not this one")
+        return Fake(path)
+
+    monkeypatch.setattr(providers, "build", build)
+    monkeypatch.setattr(host_overhead, "time_us", lambda step, device, iters: step())
+    results = host_overhead.measure("cpu", 1, 3, ["rope"])
+    assert order == ["liger", "liger_kernel", "liger", "liger_kernel", "liger_kernel", "liger", "liger", "liger_kernel"]
+    assert results[("rope", "liger")] == 4.0 and results[("rope", "liger_kernel")] == 3.0
+    assert results[("rope", "ratio")] == 2.0
+    assert results[("rope", "torch")] == "skipped (RuntimeError)"
+    assert host_overhead.table(results, ["rope"]).splitlines()[-1].endswith("| 2.00 |")
