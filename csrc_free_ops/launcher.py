@@ -180,5 +180,5 @@ class Launcher:
         """The compiled kernel a direct launch would use for ``args`` (None if
         none yet); tests compare it with what ``kernel[grid]`` selects."""
         n = self._tensor_count(args)
-        key = self._key(torch.cuda.current_device(), args[:n], self._scalar_key(args[n:]))
+        key = self._key(args[0].get_device(), args[:n], self._scalar_key(args[n:]))
         return self._compiled.get(key)

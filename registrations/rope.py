@@ -65,10 +65,9 @@ def _check(
     qs, ks = q.shape, k.shape
     _check_heads(op, qn, qs)
     _check_heads(op, kn, ks)
-    if qs[0] != ks[0] or qs[2] != ks[2] or qs[3] != ks[3]:
-        for dim, what in ((0, "batch size"), (2, "sequence length"), (3, "head_dim")):
-            if qs[dim] != ks[dim]:
-                raise ValueError(f"{op}: {qn} and {kn} must have the same {what}, got {qs[dim]} and {ks[dim]}")
+    for dim, what in ((0, "batch size"), (2, "sequence length"), (3, "head_dim")):
+        if qs[dim] != ks[dim]:
+            raise ValueError(f"{op}: {qn} and {kn} must have the same {what}, got {qs[dim]} and {ks[dim]}")
     _check_table(op, cos.shape, sin.shape, qs[0], qs[2], qs[3])
 
 
