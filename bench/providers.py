@@ -71,8 +71,15 @@ class Built:
         outs = self.forward()
         return torch.autograd.grad(outs, self.grad_inputs, self.grad_outputs)
 
+    def forward_timer(self) -> Callable[[], Any]:
+        return self.forward
+
+    def full_timer(self) -> Callable[[], Any]:
+        return self.full
+
     def backward_timer(self) -> Callable[[], Any]:
-        """Run the forward once now; the returned callable runs only the
+        """Run the forward once now (on the current stream, which the
+        backward then runs on too); the returned callable runs only the
         backward of that graph (retain_graph=True so it can repeat)."""
         outs = self.forward()
         grad_inputs, grad_outputs = self.grad_inputs, self.grad_outputs

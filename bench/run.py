@@ -5,8 +5,11 @@
 
 For each (op, set, x, provider, mode): triton.testing.do_bench quantiles
 (0.5, 0.2, 0.8) of the time, the achieved GB/s against the op's minimal
-bytes (bench/bytes.py) and, in full mode, the peak memory above what was
-allocated before the call.  Writes, under --out:
+bytes (bench/bytes.py) and, in full mode, the peak memory of one eager call
+above what was allocated before it.  By default the time is that of a
+CUDA-graph replay of the call, i.e. its GPU time without the host's cost of
+issuing it; ``--timer events`` times the eager call instead (bench/timing.py).
+Writes, under --out:
 
 * ``<op>.json``        records in upstream Liger-Kernel's benchmark layout
                        (merged with records already there for other sets)
@@ -22,19 +25,18 @@ interpreter (use ``--sets tiny``); timings there are perf_counter medians.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench import bytes as nbytes
-from bench import shapes
+from bench import shapes, timing
 
 RECORD_FIELDS = (
     "kernel_name",
@@ -75,6 +77,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--providers", default=",".join(PROVIDERS), help="comma list of " + ", ".join(PROVIDERS))
     p.add_argument("--out", default="bench/out", help="output folder (default bench/out)")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu (Triton interpreter)")
+    p.add_argument(
+        "--timer",
+        default="graph",
+        choices=timing.TIMERS,
+        help="graph: GPU time of a CUDA-graph replay of the call (default); events: do_bench around the eager call",
+    )
     p.add_argument("--quick", action="store_true", help="fewer x values, short warmup/rep")
     p.add_argument("--warmup", type=float, default=None, help="do_bench warmup in ms (default 10; quick 5)")
     p.add_argument("--rep", type=float, default=None, help="do_bench rep in ms (default 50; quick 20)")
@@ -94,60 +102,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if prov not in PROVIDERS:
             p.error(f"unknown provider {prov!r}")
     return args
-
-
-# --------------------------------------------------------------------------
-# Timing and memory
-
-
-def _quantile(sorted_vals: list[float], q: float) -> float:
-    pos = q * (len(sorted_vals) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
-
-
-def time_ms(fn: Callable[[], Any], device: str, warmup_ms: float, rep_ms: float) -> tuple[float, float, float]:
-    """(median, 20th, 80th percentile) milliseconds of one call of fn."""
-    if device.startswith("cuda"):
-        from triton.testing import do_bench
-
-        q50, q20, q80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-        return float(q50), float(q20), float(q80)
-    fn()
-    times: list[float] = []
-    deadline = time.perf_counter() + rep_ms / 1e3
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return _quantile(times, 0.5), _quantile(times, 0.2), _quantile(times, 0.8)
-
-
-def _free(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-def peak_mb(fn: Callable[[], Any], device: str) -> float | None:
-    """Peak CUDA memory of one fn() call above what was allocated before it, in MB."""
-    if not device.startswith("cuda"):
-        return None
-    import torch
-
-    _free(device)
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak / 2**20
 
 
 def _reason(e: BaseException) -> str:
@@ -216,29 +170,28 @@ def run_point(
             for mode in args.modes:
                 res.skip(op, sweep, x, prov, mode, _reason(e))
             del built
-            _free(device)
+            timing.free(device)
             continue
         # backward last: for compile it swaps in a non-donating instance.
         for mode in sorted(args.modes, key=("forward", "full", "backward").index):
             key = (op, sweep.set_name, idx, prov, mode)
             try:
                 if mode == "forward":
-                    t50, t20, t80 = time_ms(built.forward, device, warmup, rep)
+                    t50, t20, t80 = timing.time_ms(built.forward_timer, device, args.timer, warmup, rep)
                 elif mode == "full":
-                    mb = peak_mb(built.full, device)
+                    mb = timing.peak_mb(built.full, device)
                     if mb is not None:
                         res.add((*key, "memory"), x, (mb, mb, mb))
-                    t50, t20, t80 = time_ms(built.full, device, warmup, rep)
+                    t50, t20, t80 = timing.time_ms(built.full_timer, device, args.timer, warmup, rep)
                 else:
                     with providers.retained_backward_context(prov):
                         if prov == "compile":
                             # A second compile with donated buffers off (retain_graph needs it).
                             built = None
-                            _free(device)
+                            timing.free(device)
                             built = providers.build(op, prov, shape, device)
                             built.prepare()
-                        fn = built.backward_timer()
-                        t50, t20, t80 = time_ms(fn, device, warmup, rep)
+                        t50, t20, t80 = timing.time_ms(built.backward_timer, device, args.timer, warmup, rep)
                 res.add((*key, "speed"), x, (t50, t20, t80))
                 b = nbytes.min_bytes(op, shape, mode)
                 # The 20th percentile of bandwidth comes from the 80th of time.
@@ -251,12 +204,11 @@ def run_point(
             except Exception as e:
                 res.skip(op, sweep, x, prov, mode, _reason(e))
             finally:
-                fn = None
-                _free(device)
+                timing.free(device)
         del built
-        _free(device)
+        timing.free(device)
     del ref
-    _free(device)
+    timing.free(device)
 
 
 def estimate_seconds(args: argparse.Namespace, all_sweeps: list[shapes.Sweep], warmup: float, rep: float) -> float:
@@ -288,11 +240,19 @@ def _liger_version() -> str:
     return csrc_free_ops.__version__
 
 
-def config_str(sweep: shapes.Sweep) -> str:
-    return json.dumps({**sweep.config, "set": sweep.set_name}, sort_keys=True)
+def timer_label(args: argparse.Namespace) -> str:
+    return args.timer if args.device.startswith("cuda") else "perf_counter"
 
 
-def make_records(res: Results, sweeps_by_key: dict[tuple, shapes.Sweep], device: str) -> list[dict[str, Any]]:
+def config_str(sweep: shapes.Sweep, timer: str) -> str:
+    """The record's extra_benchmark_config_str: the sweep's fixed shape, its
+    set and the timer (so records of different timers never merge)."""
+    return json.dumps({**sweep.config, "set": sweep.set_name, "timer": timer}, sort_keys=True)
+
+
+def make_records(
+    res: Results, sweeps_by_key: dict[tuple, shapes.Sweep], device: str, timer: str
+) -> list[dict[str, Any]]:
     gpu, version = _gpu_name(device), _liger_version()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     records = []
@@ -313,7 +273,7 @@ def make_records(res: Results, sweeps_by_key: dict[tuple, shapes.Sweep], device:
             "y_values_80": [by_x[x][2] for x in xs],
             "timestamp": stamp,
             "kernel_operation_mode": mode,
-            "extra_benchmark_config_str": config_str(sweep),
+            "extra_benchmark_config_str": config_str(sweep, timer),
             "liger_version": version,
         }
         records.append(rec)
@@ -394,6 +354,18 @@ def _fmt(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+_TIMER_NOTE = (
+    "graph: GPU time of a CUDA-graph replay; events: the eager call, host issue time included; "
+    "perf_counter: CPU wall time; records without a timer are events"
+)
+
+
+def _set_cell(cfg: dict[str, Any], timers: list[str]) -> str:
+    """The set name, and the timer when the table mixes timers."""
+    name = cfg.get("set", "")
+    return f"{name} ({cfg.get('timer', 'events')})" if len(timers) > 1 else name
+
+
 def summarize(records: list[dict[str, Any]]) -> str:
     provs = _providers_in(records)
     series = _series(records)
@@ -403,7 +375,9 @@ def summarize(records: list[dict[str, Any]]) -> str:
         + ["liger GB/s", "liger vs best other", "peak MB (full) " + " / ".join(provs), "checks"]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for op, cs, cfg in _configs(records):
+    configs = _configs(records)
+    timers = sorted({cfg.get("timer", "events") for _, _, cfg in configs})
+    for op, cs, cfg in configs:
         modes = [m for m in nbytes.MODES if any(k[0] == op and k[1] == cs and k[3] == m for k in series)]
         xs: list[Any] = []
         x_name = ""
@@ -436,14 +410,15 @@ def summarize(records: list[dict[str, Any]]) -> str:
                 if cfg.get("set") == "large" and mode in BW_TARGETS and bw is not None:
                     checks.append("bw ok" if bw >= BW_TARGETS[mode] else f"BW < {BW_TARGETS[mode]:.0f}")
                 row = (
-                    [op, cfg.get("set", ""), f"{x_name}={x} {tag}".strip(), mode]
+                    [op, _set_cell(cfg, timers), f"{x_name}={x} {tag}".strip(), mode]
                     + [_fmt(ms[p]) for p in provs]
                     + [_fmt(bw, 5), (_fmt(ratio, 3) + "x") if ratio else "-", mem_cell, ", ".join(checks) or "-"]
                 )
                 lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append(
-        "ms: do_bench median.  GB/s: minimal bytes (bench/bytes.py) / median time.  "
+        f"ms: do_bench median; timer: {', '.join(timers)} ({_TIMER_NOTE}).  "
+        "GB/s: minimal bytes (bench/bytes.py) / median time.  "
         "liger vs best other: fastest other provider's ms / liger's ms (>1: liger faster).  "
         f"checks: liger against {', '.join(RIVALS)} (time, full-mode peak memory) and, on the large set, "
         f"the bandwidth targets (forward {BW_TARGETS['forward']:.0f}, backward {BW_TARGETS['backward']:.0f} GB/s)."
@@ -602,7 +577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for x in sweep.x_values:
                     run_point(args, res, sweep, idx, x, warmup, rep)
         # Written after every op, so a run cut short keeps what it measured.
-        records = [r for r in make_records(res, sweeps_by_key, args.device) if r["kernel_name"] == op]
+        records = [
+            r for r in make_records(res, sweeps_by_key, args.device, timer_label(args)) if r["kernel_name"] == op
+        ]
         text = write_outputs(out, {op: records}, res, not args.no_plots)
     print(f"\nfinished in {time.time() - t0:.0f} s; wrote {out}/<op>.json, <op>_<set>.png, summary.md\n")
     print(text)

@@ -119,3 +119,48 @@ def test_host_overhead_interleaves_paths_and_reports_per_round_ratios(monkeypatc
     assert results[("rope", "ratio")] == 2.0
     assert results[("rope", "torch")] == "skipped (RuntimeError)"
     assert host_overhead.table(results, ["rope"]).splitlines()[-1].endswith("| 2.00 |")
+
+
+def test_timing_rejects_an_unknown_timer_and_times_make_once_on_cpu():
+    from bench import timing
+
+    made: list[int] = []
+
+    def make():
+        made.append(1)
+        return lambda: None
+
+    with pytest.raises(ValueError, match="unknown timer 'wall'"):
+        timing.time_ms(make, "cuda", "wall", 1.0, 1.0)
+    t50, t20, t80 = timing.time_ms(make, "cpu", "graph", 1.0, 1.0)
+    assert made == [1]
+    assert 0.0 <= t20 <= t50 <= t80
+
+
+def test_summary_names_the_timer_and_separates_timers(tmp_path):
+    base = {
+        "kernel_name": "rope",
+        "metric_name": "speed",
+        "metric_unit": "ms",
+        "gpu_name": "x",
+        "x_name": "T",
+        "x_label": "sequence length",
+        "x_values": [1024],
+        "y_values_50": [2.0],
+        "y_values_20": [1.9],
+        "y_values_80": [2.1],
+        "timestamp": "t",
+        "kernel_operation_mode": "forward",
+        "liger_version": "0",
+    }
+    graph = json.dumps({"B": 1, "set": "seeds", "timer": "graph"})
+    events = json.dumps({"B": 1, "set": "seeds", "timer": "events"})
+    records = [
+        {**base, "kernel_provider": "liger", "extra_benchmark_config_str": graph},
+        {**base, "kernel_provider": "liger", "extra_benchmark_config_str": events, "y_values_50": [5.0]},
+    ]
+    text = run.summarize(records[:1])
+    assert "| rope | seeds | T=1024 | forward | 2 |" in text and "timer: graph" in text
+    both = run.summarize(records)
+    assert "| rope | seeds (graph) | T=1024 | forward | 2 |" in both
+    assert "| rope | seeds (events) | T=1024 | forward | 5 |" in both

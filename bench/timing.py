@@ -1,0 +1,128 @@
+"""How the harness times one call and measures its memory.
+
+Timers (``--timer``):
+
+* ``graph`` (default on CUDA): the call is captured once into a CUDA graph
+  and ``triton.testing.do_bench`` times replays of that graph.  The number
+  is the GPU time of the call's kernels and the gaps between them; the
+  host's cost of issuing the call is left out (``bench.host_overhead``
+  measures that).  The call runs on the capture stream from its first
+  warm-up on, so a backward-only timing, whose forward ran before capture,
+  records its autograd graph on that stream too: the autograd engine runs a
+  node's backward on the stream of its forward.
+* ``events``: do_bench around the eager call.  Whenever the host takes
+  longer to issue the call than the GPU takes to run it (small shapes, and
+  any backward through the autograd engine), this measures host time.
+
+On CPU (Triton interpreter) both are perf_counter medians of the eager call.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+TIMERS = ("graph", "events")
+# Eager calls on the capture stream before capture: compiles, autotuning,
+# lazy allocations and the autograd engine's device threads happen here.
+CAPTURE_WARMUP_CALLS = 2
+
+
+class CaptureFailed(RuntimeError):
+    """The call could not be captured into a CUDA graph."""
+
+
+def quantile(sorted_vals: list[float], q: float) -> float:
+    pos = q * (len(sorted_vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def _cpu_ms(fn: Callable[[], Any], rep_ms: float) -> tuple[float, float, float]:
+    fn()
+    times: list[float] = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return quantile(times, 0.5), quantile(times, 0.2), quantile(times, 0.8)
+
+
+def _do_bench(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> tuple[float, float, float]:
+    from triton.testing import do_bench
+
+    q50, q20, q80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return float(q50), float(q20), float(q80)
+
+
+def _graph_ms(make: Callable[[], Callable[[], Any]], warmup_ms: float, rep_ms: float) -> tuple[float, float, float]:
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    out = None
+    try:
+        with torch.cuda.stream(stream):
+            fn = make()
+            for _ in range(CAPTURE_WARMUP_CALLS):
+                fn()
+        stream.synchronize()
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                out = fn()
+        except Exception as e:
+            raise CaptureFailed(f"CUDA graph capture failed ({type(e).__name__}: {e}); try --timer events") from e
+        torch.cuda.current_stream().wait_stream(stream)
+        return _do_bench(graph.replay, warmup_ms, rep_ms)
+    finally:
+        del out
+        graph.reset()
+        free("cuda")
+
+
+def time_ms(
+    make: Callable[[], Callable[[], Any]], device: str, timer: str, warmup_ms: float, rep_ms: float
+) -> tuple[float, float, float]:
+    """(median, 20th, 80th percentile) milliseconds of one call of ``make()``.
+
+    ``make`` is called once, on the stream the timing uses, and returns the
+    callable to time (a backward-only timer runs its forward there)."""
+    if timer not in TIMERS:
+        raise ValueError(f"unknown timer {timer!r}; choose from {', '.join(TIMERS)}")
+    if not device.startswith("cuda"):
+        return _cpu_ms(make(), rep_ms)
+    if timer == "graph":
+        return _graph_ms(make, warmup_ms, rep_ms)
+    return _do_bench(make(), warmup_ms, rep_ms)
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def peak_mb(fn: Callable[[], Any], device: str) -> float | None:
+    """Peak CUDA memory of one eager fn() call above what was allocated before it, in MB."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    free(device)
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / 2**20
