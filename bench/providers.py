@@ -74,15 +74,25 @@ class Built:
     def forward_timer(self) -> Callable[[], Any]:
         return self.forward
 
+    def _grad_outputs_here(self) -> tuple[torch.Tensor, ...]:
+        # Copies made on the current (timing) stream, so the backward never
+        # waits on the stream the originals were made on.
+        return tuple(g.clone() for g in self.grad_outputs)
+
     def full_timer(self) -> Callable[[], Any]:
-        return self.full
+        grad_inputs, grad_outputs = self.grad_inputs, self._grad_outputs_here()
+
+        def full() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(self.forward(), grad_inputs, grad_outputs)
+
+        return full
 
     def backward_timer(self) -> Callable[[], Any]:
         """Run the forward once now (on the current stream, which the
         backward then runs on too); the returned callable runs only the
         backward of that graph (retain_graph=True so it can repeat)."""
         outs = self.forward()
-        grad_inputs, grad_outputs = self.grad_inputs, self.grad_outputs
+        grad_inputs, grad_outputs = self.grad_inputs, self._grad_outputs_here()
 
         def backward() -> tuple[torch.Tensor, ...]:
             return torch.autograd.grad(outs, grad_inputs, grad_outputs, retain_graph=True)
@@ -93,12 +103,10 @@ class Built:
         """Make the output gradients (in each output's layout) and warm up
         forward and backward (compiles, autotunes) outside any timing."""
         outs = self.forward()
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        if outs[0].is_cuda:
-            torch.cuda.manual_seed(seed)
-        self.grad_outputs = tuple(torch.randn_like(o).detach() for o in outs)
-        torch.random.set_rng_state(gen_state)
+        # A generator of its own: a failed CUDA-graph capture can leave the
+        # default one unusable for the rest of the process.
+        g = _generator(str(outs[0].device), seed)
+        self.grad_outputs = tuple(torch.empty_like(o).normal_(generator=g).detach() for o in outs)
         del outs
         self.full()
 

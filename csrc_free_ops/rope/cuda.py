@@ -18,14 +18,16 @@ from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.launcher import Launcher
 from csrc_free_ops.rope import launch, row_math
 
-# Input bytes per half tile; bounds registers per program.  Small tiles and
-# few warps won on an H200 (bf16, 32/8 heads x 256, 16k positions: 4 KiB and
-# 2 warps ran at 169 us against 197 us for 16 KiB and 8 warps).
-TILE_BYTES = 4 * 1024
+# Input bytes per half tile; bounds registers per program.  One warp per
+# program won on an H200 at every shape swept (bf16, 32/8 heads x 256, B*T
+# 1k..64k rows; 8 KiB tiles 1-2% ahead of 4 KiB at 16k+ rows, within 1%
+# below; 2 warps 1-8% and 4-8 warps up to 20% slower):
+# bench/results/h200-2026-12-02-session5/rope_tile_sweep.txt.
+TILE_BYTES = 8 * 1024
 # Bytes one thread loads per vectorized access, and accesses per thread we aim for.
 VECTOR_BYTES = 16
 VECTORS_PER_THREAD = 2
-MAX_WARPS = 2
+MAX_WARPS = 1
 
 
 @triton.jit
