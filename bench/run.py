@@ -201,8 +201,9 @@ def run_point(
                     try:
                         t50, t20, t80 = timing.time_ms(_timer(built, mode), device, args.timer, warmup, rep)
                     except timing.CaptureFailed:
-                        # Seen once per process for rope's backward on torch 2.11; the
-                        # same capture on freshly built inputs went through.
+                        # Seen once per process for rope's backward on torch 2.11: capturing
+                        # the same call again failed too, while a capture on freshly built
+                        # inputs went through.
                         built = None
                         built = _rebuilt(op, prov, shape, device)
                         t50, t20, t80 = timing.time_ms(_timer(built, mode), device, args.timer, warmup, rep)

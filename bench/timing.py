@@ -30,10 +30,6 @@ TIMERS = ("graph", "events")
 # Eager calls on the capture stream before capture: compiles, autotuning,
 # lazy allocations and the autograd engine's device threads happen here.
 CAPTURE_WARMUP_CALLS = 2
-# On the H200 (torch 2.11) the first capture of rope's backward in a process
-# failed with cudaErrorStreamCaptureImplicit (work on the legacy stream) and
-# the same capture succeeded when repeated; other ops never failed.
-CAPTURE_ATTEMPTS = 2
 
 
 class CaptureFailed(RuntimeError):
@@ -90,16 +86,11 @@ def _graph_ms(make: Callable[[], Callable[[], Any]], warmup_ms: float, rep_ms: f
             for _ in range(CAPTURE_WARMUP_CALLS):
                 fn()
         stream.synchronize()
-        for attempt in range(CAPTURE_ATTEMPTS):
-            try:
-                with torch.cuda.graph(graph, pool=_graph_pool(torch.cuda.current_device()), stream=stream):
-                    out = fn()
-                break
-            except Exception as e:
-                if attempt + 1 == CAPTURE_ATTEMPTS:
-                    msg = f"CUDA graph capture failed ({type(e).__name__}: {e}); try --timer events"
-                    raise CaptureFailed(msg) from e
-                graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=_graph_pool(torch.cuda.current_device()), stream=stream):
+                out = fn()
+        except Exception as e:
+            raise CaptureFailed(f"CUDA graph capture failed ({type(e).__name__}: {e}); try --timer events") from e
         torch.cuda.current_stream().wait_stream(stream)
         return _do_bench(graph.replay, warmup_ms, rep_ms)
     finally:
