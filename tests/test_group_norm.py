@@ -247,6 +247,22 @@ def test_cuda_policy_picks_the_looped_path_when_groups_fill_the_sms():
         assert policy.plan_for(64, 512, 64, 32, 2, backward).whole_groups  # 16 x 64 elements
 
 
+def test_cuda_whole_groups_get_one_program_each_and_few_warps():
+    """Whole groups launch one program per (sample, group), not a capped grid,
+    with one warp per WHOLE_GROUP_ELEMENTS_PER_WARP padded elements (the
+    H200 sweep in bench/NOTES.md v7)."""
+    policy = cuda.CudaPolicy(None, sms=132)
+    per_warp = cuda.WHOLE_GROUP_ELEMENTS_PER_WARP
+    for backward in (False, True):
+        steps = launch._build(policy, 128, 2048, 512, 512, 4, True, True, backward)  # 65536 groups of 2048
+        assert steps.plan.whole_groups
+        assert steps.main.grid == 128 * 512 > 132 * cuda.PROGRAMS_PER_SM
+        assert steps.main.launcher.meta["num_warps"] == max(1, 4 * 512 // per_warp)
+    assert policy.whole_group_launch(3, 8 * per_warp) == (3, {"num_warps": 8})
+    assert policy.whole_group_launch(3, 64 * per_warp)[1] == {"num_warps": cuda.MAX_WHOLE_GROUP_WARPS}
+    assert policy.whole_group_launch(2**40, 16)[0] == cuda.MAX_GRID
+
+
 def test_per_group_backward_keeps_two_partial_rows():
     """The whole- and looped-group backward kernels need only the dweight and
     dbias rows of partials: 2 x N x C float32, not the split path's 5."""

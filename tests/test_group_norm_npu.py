@@ -175,7 +175,10 @@ def test_npu_is_bitwise_deterministic(ascend):
 
 def test_npu_launchers_pass_no_warps_or_stages():
     """triton-ascend ignores num_warps / num_stages; the NPU policy sets neither."""
-    assert npu.NpuPolicy().options(4096) == {}
+    policy = npu.NpuPolicy()
+    assert policy.options(4096) == {}
+    grid, options = policy.whole_group_launch(10**6, 4096)
+    assert options == {} and grid == policy.grid(10**6) <= device.NPU_MAX_GRID
     source = inspect.getsource(npu)
     assert "num_warps" not in source.replace("no num_warps", "")
     assert "num_stages" not in source.replace("num_warps / num_stages", "")

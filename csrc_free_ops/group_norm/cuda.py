@@ -3,7 +3,8 @@ TRITON_INTERPRET=1).
 
 The kernels live in ``kernels.py`` (shared with the NPU launchers) and the
 launch sequence in ``launch.py``; this module is the CUDA launch policy:
-a group of up to FWD/BWD_GROUP_TILE elements held whole by one program; else,
+a group of up to FWD/BWD_GROUP_TILE elements held whole by one program
+(one program per group, a warp or a few each); else,
 with at least FWD/BWD_LOOP_ROWS_PER_SM (sample, group) rows per SM, one
 program per row walking it twice in tiles (the second walk hits L2); else
 register-sized tiles, enough work items for a few waves per SM (a group's
@@ -26,6 +27,14 @@ from csrc_free_ops.host_math import next_pow2
 # holds whole in registers: the backward keeps about twice the forward's arrays.
 FWD_GROUP_TILE = 8192
 BWD_GROUP_TILE = 4096
+# Whole groups: one program per (sample, group) and one warp per this many
+# padded elements.  H200, groups of 256..8192 elements (bench/NOTES.md v7):
+# against 8 warps and a grid of 8 programs per SM, 1.1-1.5x faster forward
+# and 1.1-1.5x backward; within 9% of the best warp count at every size.
+WHOLE_GROUP_ELEMENTS_PER_WARP = 4096
+# CUDA's limit on a 1-D grid.
+MAX_GRID = 2**31 - 1
+MAX_WHOLE_GROUP_WARPS = 8
 # Looped groups need enough (sample, group) rows per SM, or too few programs
 # stream.  H200, 65536-element groups, looped / split time by rows per SM
 # (bench/NOTES.md, session 4): forward 0.24 -> 1.01-1.30, 0.48 -> 0.89-0.96;
@@ -95,6 +104,10 @@ class CudaPolicy:
 
     def grid(self, work: int) -> int:
         return max(1, min(work, self._sms * PROGRAMS_PER_SM))
+
+    def whole_group_launch(self, rows: int, elements: int) -> tuple[int, dict]:
+        warps = max(1, min(MAX_WHOLE_GROUP_WARPS, elements // WHOLE_GROUP_ELEMENTS_PER_WARP))
+        return max(1, min(rows, MAX_GRID)), {"num_warps": warps}
 
     def loop_options(self, backward: bool) -> dict:
         if backward:

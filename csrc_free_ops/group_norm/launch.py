@@ -59,6 +59,11 @@ class Policy(Protocol):
 
     def reduce_blocks(self, part_rows: int, c: int) -> Blocks: ...
 
+    def whole_group_launch(self, rows: int, elements: int) -> tuple[int, dict]:
+        """Grid and launch options of a whole-group kernel over ``rows``
+        (sample, group) rows of ``elements`` padded elements each."""
+        ...
+
     def loop_options(self, backward: bool) -> dict:
         """Constexprs and launch options of a looped-group kernel: at least
         LOOP_STAGES, the software-pipelining depth of its tile loops (None:
@@ -137,11 +142,13 @@ def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, 
         param_grads = backward and (has_w or has_b)
         workspace = group_kernels.GRAD_ROWS * p.segments if param_grads else 0
         flags = {"HAS_W": has_w, "PARAM_GRADS": param_grads} if backward else {"HAS_W": has_w, "HAS_B": has_b}
-        options = policy.loop_options(backward) if p.looped_groups else policy.options(p.block_c * p.block_hw)
+        if p.looped_groups:
+            grid, options = policy.grid(p.rows), policy.loop_options(backward)
+        else:
+            grid, options = policy.whole_group_launch(p.rows, p.block_c * p.block_hw)
         main = _launch(
-            _GROUP_KERNELS[p.looped_groups, backward], policy.grid(p.rows),
-            **flags, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **options,
-        )  # fmt: skip
+            _GROUP_KERNELS[p.looped_groups, backward], grid, **flags, BLOCK_C=p.block_c, BLOCK_HW=p.block_hw, **options
+        )
     else:
         partials, finalize, main, workspace = _split_steps(policy, p, has_w, has_b, backward)
     reduce = None

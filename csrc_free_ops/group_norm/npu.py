@@ -89,6 +89,9 @@ class NpuPolicy:
     def options(self, elements: int) -> dict:
         return {}
 
+    def whole_group_launch(self, rows: int, elements: int) -> tuple[int, dict]:
+        return self.grid(rows), {}
+
     def loop_options(self, backward: bool) -> dict:
         return {"LOOP_STAGES": None}  # triton-ascend has no software-pipelining knob
 
