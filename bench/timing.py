@@ -19,7 +19,6 @@ On CPU (Triton interpreter) both are perf_counter medians of the eager call.
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
 import time
@@ -62,15 +61,43 @@ def _do_bench(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> tuple[f
     return float(q50), float(q20), float(q80)
 
 
-@functools.cache
+# device index -> the memory pool every capture on that device shares.  With a
+# private pool per capture, the full run on the H200 ended with ~129 GB
+# reserved but unallocated (pools never handed back) and every later shape out
+# of memory; in one shared pool a capture reuses the blocks the previous ones freed.
+_POOLS: dict[int, tuple[int, int]] = {}
+
+
 def _graph_pool(device_index: int) -> tuple[int, int]:
-    # One memory pool for every capture of the run.  With a private pool per
-    # capture, the full run on the H200 ended with ~129 GB reserved but
-    # unallocated (pools never handed back) and every later shape out of memory;
-    # in one shared pool a capture reuses the blocks the previous ones freed.
     import torch
 
-    return torch.cuda.graph_pool_handle()
+    pool = _POOLS.get(device_index)
+    if pool is None:
+        pool = _POOLS[device_index] = torch.cuda.graph_pool_handle()
+    return pool
+
+
+def _abandon_pool(device_index: int) -> None:
+    """Stop using the shared pool after a failed capture.  torch ends a
+    capture's allocation to its pool only once cudaStreamEndCapture succeeds,
+    so after a failure the pool stays "recording" and every later capture into
+    it fails with "beginAllocateToPool: already recording" (the session-6 run
+    lost every rope row after one failure that way).  End the recording where
+    this torch exposes it, release the pool, and let the next capture start a
+    new one."""
+    import torch
+
+    pool = _POOLS.pop(device_index, None)
+    if pool is None:
+        return
+    for name in ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool", "_cuda_releasePool"):
+        fn = getattr(torch._C, name, None)
+        if fn is None:
+            continue
+        try:
+            fn(device_index, pool)
+        except RuntimeError:
+            pass  # best effort: the pool is dropped either way
 
 
 def _graph_ms(make: Callable[[], Callable[[], Any]], warmup_ms: float, rep_ms: float) -> tuple[float, float, float]:
@@ -86,10 +113,12 @@ def _graph_ms(make: Callable[[], Callable[[], Any]], warmup_ms: float, rep_ms: f
             for _ in range(CAPTURE_WARMUP_CALLS):
                 fn()
         stream.synchronize()
+        dev = torch.cuda.current_device()
         try:
-            with torch.cuda.graph(graph, pool=_graph_pool(torch.cuda.current_device()), stream=stream):
+            with torch.cuda.graph(graph, pool=_graph_pool(dev), stream=stream):
                 out = fn()
         except Exception as e:
+            _abandon_pool(dev)
             raise CaptureFailed(f"CUDA graph capture failed ({type(e).__name__}: {e}); try --timer events") from e
         torch.cuda.current_stream().wait_stream(stream)
         return _do_bench(graph.replay, warmup_ms, rep_ms)

@@ -137,6 +137,28 @@ def test_timing_rejects_an_unknown_timer_and_times_make_once_on_cpu():
     assert 0.0 <= t20 <= t50 <= t80
 
 
+def test_a_failed_capture_ends_and_drops_the_shared_pool(monkeypatch):
+    """After a failed capture the shared pool is left recording by torch; the
+    harness ends and releases it and hands the next capture a new pool."""
+    from bench import timing
+
+    handles = iter([(0, 1), (0, 2)])
+    calls: list[tuple[str, int, tuple[int, int]]] = []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
+    for name in ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool", "_cuda_releasePool"):
+        monkeypatch.delattr(torch._C, name, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda d, p: calls.append(("end", d, p)), raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda d, p: calls.append(("release", d, p)), raising=False)
+    monkeypatch.setattr(timing, "_POOLS", {})
+    first = timing._graph_pool(3)
+    assert timing._graph_pool(3) == first == (0, 1)
+    timing._abandon_pool(3)
+    assert calls == [("end", 3, (0, 1)), ("release", 3, (0, 1))]
+    assert timing._graph_pool(3) == (0, 2)
+    timing._abandon_pool(5)  # nothing to drop
+    assert len(calls) == 2
+
+
 def test_summary_names_the_timer_and_separates_timers(tmp_path):
     base = {
         "kernel_name": "rope",

@@ -29,8 +29,8 @@ FWD_GROUP_TILE = 8192
 BWD_GROUP_TILE = 4096
 # Whole groups: one program per (sample, group) and one warp per this many
 # padded elements.  H200, groups of 256..8192 elements (bench/NOTES.md v7):
-# against 8 warps and a grid of 8 programs per SM, 1.1-1.5x faster forward
-# and 1.1-1.5x backward; within 9% of the best warp count at every size.
+# against 8 warps and a grid of 8 programs per SM, 1.08-1.48x faster forward
+# and 1.07-1.48x backward; within 9% of the best warp count at every size.
 WHOLE_GROUP_ELEMENTS_PER_WARP = 4096
 # CUDA's limit on a 1-D grid.
 MAX_GRID = 2**31 - 1
