@@ -90,8 +90,11 @@ def _abandon_pool(device_index: int) -> None:
     pool = _POOLS.pop(device_index, None)
     if pool is None:
         return
-    for name in ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool", "_cuda_releasePool"):
-        fn = getattr(torch._C, name, None)
+    # The end call's name differs across torch releases.
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(
+        torch._C, "_cuda_endAllocateCurrentStreamToPool", None
+    )
+    for fn in (end, getattr(torch._C, "_cuda_releasePool", None)):
         if fn is None:
             continue
         try:

@@ -259,7 +259,7 @@ def test_cuda_whole_groups_get_one_program_each_and_few_warps():
         assert steps.main.grid == 128 * 512 > 132 * cuda.PROGRAMS_PER_SM
         assert steps.main.launcher.meta["num_warps"] == max(1, 4 * 512 // per_warp)
     assert policy.whole_group_launch(3, 8 * per_warp) == (3, {"num_warps": 8})
-    assert policy.whole_group_launch(3, 64 * per_warp)[1] == {"num_warps": cuda.MAX_WHOLE_GROUP_WARPS}
+    assert policy.whole_group_launch(3, 64 * per_warp)[1] == {"num_warps": cuda.MAX_WARPS}
     assert policy.whole_group_launch(2**40, 16)[0] == cuda.MAX_GRID
 
 

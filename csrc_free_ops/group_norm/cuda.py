@@ -32,9 +32,10 @@ BWD_GROUP_TILE = 4096
 # against 8 warps and a grid of 8 programs per SM, 1.08-1.48x faster forward
 # and 1.07-1.48x backward; within 9% of the best warp count at every size.
 WHOLE_GROUP_ELEMENTS_PER_WARP = 4096
+# Most warps any launch of this policy uses.
+MAX_WARPS = 8
 # CUDA's limit on a 1-D grid.
 MAX_GRID = 2**31 - 1
-MAX_WHOLE_GROUP_WARPS = 8
 # Looped groups need enough (sample, group) rows per SM, or too few programs
 # stream.  H200, 65536-element groups, looped / split time by rows per SM
 # (bench/NOTES.md, session 4): forward 0.24 -> 1.01-1.30, 0.48 -> 0.89-0.96;
@@ -106,7 +107,7 @@ class CudaPolicy:
         return max(1, min(work, self._sms * PROGRAMS_PER_SM))
 
     def whole_group_launch(self, rows: int, elements: int) -> tuple[int, dict]:
-        warps = max(1, min(MAX_WHOLE_GROUP_WARPS, elements // WHOLE_GROUP_ELEMENTS_PER_WARP))
+        warps = max(1, min(MAX_WARPS, elements // WHOLE_GROUP_ELEMENTS_PER_WARP))
         return max(1, min(rows, MAX_GRID)), {"num_warps": warps}
 
     def loop_options(self, backward: bool) -> dict:
@@ -115,7 +116,7 @@ class CudaPolicy:
         return {"LOOP_STAGES": FWD_LOOP_STAGES, "num_warps": FWD_LOOP_WARPS}
 
     def options(self, elements: int) -> dict:
-        return {"num_warps": max(1, min(8, elements // 256))}
+        return {"num_warps": max(1, min(MAX_WARPS, elements // 256))}
 
     def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
         return min(next_pow2(seg_per_group), max(1, (self._tile or FINALIZE_BLOCK) // block_c))
