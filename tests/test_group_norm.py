@@ -263,6 +263,24 @@ def test_cuda_whole_groups_get_one_program_each_and_few_warps():
     assert policy.whole_group_launch(2**40, 16)[0] == cuda.MAX_GRID
 
 
+def test_cuda_looped_forward_keeps_x_in_l2_only_when_the_groups_in_flight_fit():
+    """The cache hints go on while the groups in flight hold at most
+    FWD_L2_HINT_BYTES (the (8, 512, 4096) harness shape in bf16 and fp32),
+    off for larger ones, and never on the backward."""
+    policy = cuda.CudaPolicy(None, sms=132)
+    on = {"STATS_EVICT": "evict_last", "OUTPUT_EVICT": "evict_first"}
+    for itemsize in (2, 4):
+        steps = launch._build(policy, 8, 512, 4096, 32, itemsize, True, True, False)
+        assert steps.plan.looped_groups
+        assert on.items() <= steps.main.launcher.meta.items()
+    in_flight_groups = 132 * cuda.FWD_LOOP_GROUPS_PER_SM
+    limit = cuda.FWD_L2_HINT_BYTES
+    assert policy.loop_options(False, in_flight_groups, limit // in_flight_groups)["STATS_EVICT"] == "evict_last"
+    assert policy.loop_options(False, 10**6, limit // in_flight_groups + 1)["STATS_EVICT"] == ""
+    assert policy.loop_options(False, 1, limit)["OUTPUT_EVICT"] == "evict_first"  # one group in flight
+    assert "STATS_EVICT" not in policy.loop_options(True, 8, 1024)
+
+
 def test_per_group_backward_keeps_two_partial_rows():
     """The whole- and looped-group backward kernels need only the dweight and
     dbias rows of partials: 2 x N x C float32, not the split path's 5."""

@@ -211,6 +211,14 @@ def test_backward_op_rejects_mismatched_grad():
         torch.ops.liger.poly_norm_backward(torch.randn(2, 9, device=DEVICE), x, weight, 1e-6)
 
 
+def test_cuda_forward_runs_one_program_per_row_without_a_loop():
+    """The loop-free forward must get exactly one program per row: with fewer,
+    rows would go unwritten (the NPU tests cover the grid-stride form)."""
+    for n_rows in (1, 37, 5000):
+        p = cuda.plan(n_rows, 300, False, 132, cuda.MAX_ROW_BLOCK)
+        assert (p.whole_rows, p.grid_stride, p.block_m, p.programs) == (True, False, 1, n_rows)
+
+
 def test_single_column_rows():
     """H == 1: norm(u) is ~sign(u), so dx is a cancellation of O(1) terms
     down to ~eps; compare it with an absolute bound instead of a relative one."""

@@ -48,6 +48,14 @@ FWD_LOOP_TILE = {2: 8192, 4: 16384}
 BWD_LOOP_TILE = 4096
 FWD_LOOP_WARPS, BWD_LOOP_WARPS = 8, 4
 FWD_LOOP_STAGES, BWD_LOOP_STAGES = 1, 3
+# The looped forward's first walk loads x evict_last and its second walk loads
+# x and stores y evict_first, so that x stays in L2 between the walks, while
+# the groups in flight (at most FWD_LOOP_GROUPS_PER_SM per SM) hold at most
+# FWD_L2_HINT_BYTES.  H200 (bench/NOTES.md v8): 6-10% faster forward with
+# 32-66 MB in flight, 0.6-1.7% slower with 128 MB and more; the backward
+# (x and dy, twice the bytes) gained nothing.
+FWD_LOOP_GROUPS_PER_SM = 2
+FWD_L2_HINT_BYTES = 96 * 2**20
 # Elements of one [block_c, block_hw] tile: the forward keeps two float32
 # accumulators per element, the backward four, so it takes half the tile.
 FWD_TILE = 4096
@@ -110,10 +118,15 @@ class CudaPolicy:
         warps = max(1, min(MAX_WARPS, elements // WHOLE_GROUP_ELEMENTS_PER_WARP))
         return max(1, min(rows, MAX_GRID)), {"num_warps": warps}
 
-    def loop_options(self, backward: bool) -> dict:
+    def loop_options(self, backward: bool, rows: int, group_bytes: int) -> dict:
         if backward:
             return {"LOOP_STAGES": BWD_LOOP_STAGES, "num_warps": BWD_LOOP_WARPS}
-        return {"LOOP_STAGES": FWD_LOOP_STAGES, "num_warps": FWD_LOOP_WARPS}
+        in_flight = min(rows, self._sms * FWD_LOOP_GROUPS_PER_SM) * group_bytes
+        hints = ("evict_last", "evict_first") if in_flight <= FWD_L2_HINT_BYTES else ("", "")
+        return {
+            "LOOP_STAGES": FWD_LOOP_STAGES, "num_warps": FWD_LOOP_WARPS,
+            "STATS_EVICT": hints[0], "OUTPUT_EVICT": hints[1],
+        }  # fmt: skip
 
     def options(self, elements: int) -> dict:
         return {"num_warps": max(1, min(MAX_WARPS, elements // 256))}

@@ -132,13 +132,14 @@ def _channel_weights(W, first, ch, c_mask, HAS_W: tl.constexpr, BLOCK_C: tl.cons
 @triton.jit
 def _group_sums(X, DY, W, base, first, cpg, hw, h_steps, steps,
                 HAS_DY: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-                LOOP_STAGES: tl.constexpr):  # fmt: skip
+                LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr):  # fmt: skip
     """One pass over the group at base whose first channel is first: with
     d = x - k (k the mean of the group's first tile, so that the sums of d
     do not cancel) and g = dy * w, returns k and sum(d), sum(d^2), sum(g),
-    sum(g * d) as float32 scalars."""
+    sum(g * d) as float32 scalars; X_EVICT is the L2 eviction policy of the
+    x loads."""
     offs, mask, _ch, _c_mask = _group_tile(base, 0, h_steps, cpg, hw, BLOCK_C, BLOCK_HW)
-    first_tile = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    first_tile = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=X_EVICT).to(tl.float32)
     k = tl.sum(tl.sum(first_tile, 1), 0) / tl.sum(tl.sum(mask.to(tl.float32), 1), 0)
     acc_d = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
     acc_dd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
@@ -146,7 +147,7 @@ def _group_sums(X, DY, W, base, first, cpg, hw, h_steps, steps,
     acc_gd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
     for step in tl.range(0, steps, num_stages=LOOP_STAGES):
         offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, hw, BLOCK_C, BLOCK_HW)
-        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=X_EVICT).to(tl.float32)
         d = tl.where(mask, x - k, 0.0)
         acc_d += d
         acc_dd += d * d
@@ -163,7 +164,7 @@ def _group_sums(X, DY, W, base, first, cpg, hw, h_steps, steps,
 @triton.jit
 def _looped_group_stats(X, DY, W, row, groups, cpg, hw, h_steps, steps, eps,
                         HAS_DY: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-                        LOOP_STAGES: tl.constexpr):  # fmt: skip
+                        LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr):  # fmt: skip
     """One walk over the (sample, group) row (int64): its first element's
     offset, its first channel, mean and rstd, and with HAS_DY mean(g) and
     mean(g * xhat)."""
@@ -171,7 +172,7 @@ def _looped_group_stats(X, DY, W, row, groups, cpg, hw, h_steps, steps, eps,
     first = (row % groups) * cpg
     size = _group_size(cpg, hw)
     k, s1, s2, sg, sgd = _group_sums(
-        X, DY, W, base, first, cpg, hw, h_steps, steps, HAS_DY, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES
+        X, DY, W, base, first, cpg, hw, h_steps, steps, HAS_DY, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, X_EVICT
     )
     mean_d = s1 / size  # mean - k
     rstd = tl.math.rsqrt(tl.maximum(s2 - s1 * mean_d, 0.0) / size + eps)
@@ -182,17 +183,20 @@ def _looped_group_stats(X, DY, W, row, groups, cpg, hw, h_steps, steps, eps,
 def fwd_group_loop_kernel(
     X, Y, W, B, PART, N, C, hw, cpg, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-    LOOP_STAGES: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, STATS_EVICT: tl.constexpr, OUTPUT_EVICT: tl.constexpr,
 ):  # fmt: skip
     """y = (x - mean) * rstd * w + b, one program per (sample, group) walking
-    it in tiles: statistics first, then the output last tile first."""
+    it in tiles: statistics first, then the output last tile first.
+    STATS_EVICT / OUTPUT_EVICT: L2 eviction policies of the first walk's x
+    loads and of the second walk's loads and stores ("" for the default;
+    evict_last / evict_first keep x in L2 for the second walk)."""
     groups = C // cpg
     h_steps = tl.cdiv(hw, BLOCK_HW)
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * groups, tl.num_programs(0)):
         base, first, mean, rstd, _mg, _mgx = _looped_group_stats(
             X, X, W, tl.cast(row, tl.int64), groups, cpg, hw, h_steps, steps, eps,
-            False, False, BLOCK_C, BLOCK_HW, LOOP_STAGES,
+            False, False, BLOCK_C, BLOCK_HW, LOOP_STAGES, STATS_EVICT,
         )  # fmt: skip
         for i in tl.range(0, steps, num_stages=LOOP_STAGES):
             offs, mask, ch, c_mask = _group_tile(base, steps - 1 - i, h_steps, cpg, hw, BLOCK_C, BLOCK_HW)
@@ -200,9 +204,9 @@ def fwd_group_loop_kernel(
             shift = tl.zeros([BLOCK_C], dtype=tl.float32)
             if HAS_B:
                 shift = tl.load(B + first + ch, mask=c_mask, other=0.0).to(tl.float32)
-            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=OUTPUT_EVICT).to(tl.float32)
             y = (x - mean) * scale[:, None] + shift[:, None]
-            tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+            tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask, eviction_policy=OUTPUT_EVICT)
 
 
 @triton.jit
@@ -223,7 +227,7 @@ def bwd_group_loop_kernel(
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
         base, first, mean, rstd, mg, mgx = _looped_group_stats(
-            X, DY, W, row, groups, cpg, hw, h_steps, steps, eps, True, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES
+            X, DY, W, row, groups, cpg, hw, h_steps, steps, eps, True, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, ""
         )
         acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)

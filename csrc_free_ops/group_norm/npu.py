@@ -92,8 +92,11 @@ class NpuPolicy:
     def whole_group_launch(self, rows: int, elements: int) -> tuple[int, dict]:
         return self.grid(rows), {}
 
-    def loop_options(self, backward: bool) -> dict:
-        return {"LOOP_STAGES": None}  # triton-ascend has no software-pipelining knob
+    def loop_options(self, backward: bool, rows: int, group_bytes: int) -> dict:
+        # triton-ascend has no software-pipelining knob; no cache hints either.
+        if backward:
+            return {"LOOP_STAGES": None}
+        return {"LOOP_STAGES": None, "STATS_EVICT": "", "OUTPUT_EVICT": ""}
 
     def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
         tile = tile_elements(FINALIZE_BYTES_PER_ELEMENT, self._ub)

@@ -1,8 +1,9 @@
 """PolyNorm launch policy for NVIDIA GPUs (also used for CPU tensors under
 TRITON_INTERPRET=1); the kernels are shared with the NPU (kernels.py).
 
-Forward: one program per row.  A row of up to ``max_block`` elements is held
-in registers in one piece; longer rows are column-blocked in two passes.
+Forward: one program per row, with no row loop.  A row of up to
+``max_block`` elements is held in registers in one piece; longer rows are
+column-blocked in two passes.
 Backward: a persistent grid (a few programs per SM) walks the rows with a
 grid stride, each program keeping its own dweight/dbias partials, with the
 next row's loads software-pipelined (BWD_LOOP_STAGES).
@@ -32,8 +33,10 @@ BWD_PROGRAMS_PER_SM = 16
 
 
 def _fwd_num_warps(block: int) -> int:
-    # H200, bf16, 16384 rows: 4 warps up to 4096 columns, 8 above (16 was 2x slower at 2048).
-    return 1 if block <= 256 else 2 if block <= 1024 else 4 if block <= 4096 else 8
+    # H200, bf16, loop-free row kernel (bench/NOTES.md v8): at 2048 rows 1 warp up to 1024 columns is
+    # 0.2-0.7 us ahead of 2 (H=512: 6.59 vs 6.88 us), 2 warps lead at 2048; at 16384 rows 2 / 4 / 8
+    # warps are within 1% of the best at 2048 / 4096 / 8192 (16 was 2x slower at 2048).
+    return 1 if block <= 1024 else 2 if block <= 2048 else 4 if block <= 4096 else 8
 
 
 def _bwd_num_warps(block: int) -> int:
@@ -53,7 +56,7 @@ def plan(n_rows: int, n_cols: int, backward: bool, sms: int, max_block: int) -> 
         block = min(COL_BLOCK, max_block)
     warps = _bwd_num_warps(block) if backward else _fwd_num_warps(block)
     if not backward:
-        return Plan(whole_rows, 1, block, n_rows, (("num_warps", warps),))
+        return Plan(whole_rows, 1, block, n_rows, (("num_warps", warps),), grid_stride=False)
     programs = max(1, min(n_rows, sms * _bwd_programs_per_sm(block)))
     return Plan(whole_rows, 1, block, programs, (("num_warps", warps),), BWD_LOOP_STAGES)
 

@@ -3,8 +3,9 @@ only in launch policy (tile shape, grid size, warps).
 
 * Tile kernels hold BLOCK_M whole rows at once and walk row blocks with a grid
   stride.  CUDA launches them with BLOCK_M = 1 and one program per row
-  (forward) or a few programs per SM (backward); the NPU with BLOCK_M rows
-  sized from the unified buffer and one program per vector core.
+  (forward, without the loop) or a few programs per SM (backward); the NPU
+  with BLOCK_M rows sized from the unified buffer and one program per vector
+  core.
 * Blocked kernels take rows too long for one tile: one row at a time, in
   column blocks of BLOCK_N, two passes (statistics, then output).
 
@@ -20,24 +21,39 @@ from csrc_free_ops.poly_norm import row_math
 
 
 @triton.jit
+def _fwd_tile(X, Y, blk, stride_xm, stride_xn, stride_ym, n_rows, n_cols, inv_n, eps, w3, w2, w1, b,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """y for the rows of row block blk."""
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    mask = (rows < n_rows) & (cols < n_cols)
+    x = tl.load(X + rows * stride_xm + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)
+    x2 = x * x
+    r1, r2, r3 = row_math.rstds(
+        tl.sum(x2, axis=1)[:, None], tl.sum(x2 * x2, axis=1)[:, None], tl.sum(x2 * x2 * x2, axis=1)[:, None],
+        inv_n, eps,
+    )  # fmt: skip
+    y = row_math.forward_values(x, w1 * r1, w2 * r2, w3 * r3, b)
+    tl.store(Y + rows * stride_ym + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def fwd_tile_kernel(
     X, W, B, Y, stride_xm, stride_xn, stride_ym, n_rows, n_cols, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_STRIDE: tl.constexpr,
 ):  # fmt: skip
-    cols = tl.arange(0, BLOCK_N)[None, :]
+    """GRID_STRIDE: programs walk the row blocks with a grid stride; else
+    there is one program per row block (no loop, which on CUDA saves up to
+    half a microsecond of a 7 us forward)."""
     inv_n = 1.0 / n_cols
     w3, w2, w1, b = row_math.load_params(W, B)
-    for blk in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
-        rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-        mask = (rows < n_rows) & (cols < n_cols)
-        x = tl.load(X + rows * stride_xm + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)
-        x2 = x * x
-        r1, r2, r3 = row_math.rstds(
-            tl.sum(x2, axis=1)[:, None], tl.sum(x2 * x2, axis=1)[:, None], tl.sum(x2 * x2 * x2, axis=1)[:, None],
-            inv_n, eps,
-        )  # fmt: skip
-        y = row_math.forward_values(x, w1 * r1, w2 * r2, w3 * r3, b)
-        tl.store(Y + rows * stride_ym + cols, y.to(Y.dtype.element_ty), mask=mask)
+    if GRID_STRIDE:
+        for blk in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+            _fwd_tile(X, Y, blk, stride_xm, stride_xn, stride_ym, n_rows, n_cols, inv_n, eps, w3, w2, w1, b,
+                      BLOCK_M, BLOCK_N)  # fmt: skip
+    else:
+        _fwd_tile(X, Y, tl.program_id(0), stride_xm, stride_xn, stride_ym, n_rows, n_cols, inv_n, eps, w3, w2, w1, b,
+                  BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit

@@ -20,6 +20,7 @@ class Plan(NamedTuple):
     programs: int
     options: tuple[tuple[str, int], ...]  # extra launch options (num_warps on CUDA; none on the NPU)
     loop_stages: int | None = None  # pipelining depth of the backward row loop (None: the compiler's default)
+    grid_stride: bool = True  # forward tile kernel: walk row blocks in a loop (False: one program per block)
 
 
 # (n_rows, n_cols, element size, backward) -> Plan
@@ -27,7 +28,9 @@ Planner = Callable[[int, int, int, bool], Plan]
 
 
 @functools.lru_cache(maxsize=256)
-def _launcher(backward: bool, whole_rows: bool, block_m: int, block_n: int, options: tuple, loop_stages) -> Launcher:
+def _launcher(
+    backward: bool, whole_rows: bool, block_m: int, block_n: int, options: tuple, loop_stages, grid_stride: bool
+) -> Launcher:
     if not whole_rows:
         kernel = kernels.bwd_blocked_kernel if backward else kernels.fwd_blocked_kernel
         return Launcher(kernel, BLOCK_N=block_n, **dict(options))
@@ -35,11 +38,11 @@ def _launcher(backward: bool, whole_rows: bool, block_m: int, block_n: int, opti
         return Launcher(
             kernels.bwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, LOOP_STAGES=loop_stages, **dict(options)
         )
-    return Launcher(kernels.fwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, **dict(options))
+    return Launcher(kernels.fwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, GRID_STRIDE=grid_stride, **dict(options))
 
 
 def _launch(p: Plan, backward: bool, *args) -> None:
-    _launcher(backward, p.whole_rows, p.block_m, p.block_n, p.options, p.loop_stages)(p.programs, *args)
+    _launcher(backward, p.whole_rows, p.block_m, p.block_n, p.options, p.loop_stages, p.grid_stride)(p.programs, *args)
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
