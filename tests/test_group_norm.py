@@ -269,16 +269,17 @@ def test_cuda_looped_forward_keeps_x_in_l2_only_when_the_groups_in_flight_fit():
     off for larger ones, and never on the backward."""
     policy = cuda.CudaPolicy(None, sms=132)
     on = {"STATS_EVICT": "evict_last", "OUTPUT_EVICT": "evict_first"}
-    for itemsize in (2, 4):
+    for itemsize in (2, 4):  # 32 MiB in flight either way
         steps = launch._build(policy, 8, 512, 4096, 32, itemsize, True, True, False)
         assert steps.plan.looped_groups
         assert on.items() <= steps.main.launcher.meta.items()
-    in_flight_groups = 132 * cuda.FWD_LOOP_GROUPS_PER_SM
     limit = cuda.FWD_L2_HINT_BYTES
-    assert policy.loop_options(False, in_flight_groups, limit // in_flight_groups)["STATS_EVICT"] == "evict_last"
-    assert policy.loop_options(False, 10**6, limit // in_flight_groups + 1)["STATS_EVICT"] == ""
-    assert policy.loop_options(False, 1, limit)["OUTPUT_EVICT"] == "evict_first"  # one group in flight
-    assert "STATS_EVICT" not in policy.loop_options(True, 8, 1024)
+    for itemsize, per_sm in cuda.FWD_LOOP_GROUPS_PER_SM.items():
+        groups = 132 * per_sm
+        assert policy.loop_options(False, groups, limit // groups, itemsize)["STATS_EVICT"] == "evict_last"
+        assert policy.loop_options(False, 10**6, limit // groups + 1, itemsize)["STATS_EVICT"] == ""
+        assert policy.loop_options(False, 1, limit, itemsize)["OUTPUT_EVICT"] == "evict_first"  # one group in flight
+    assert "STATS_EVICT" not in policy.loop_options(True, 8, 1024, 2)
 
 
 def test_per_group_backward_keeps_two_partial_rows():

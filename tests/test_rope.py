@@ -117,6 +117,23 @@ def test_every_output_element_is_written(dim, rot):
         assert_close_to_ref(ko, want[1], torch.float32, "k_out")
 
 
+@pytest.mark.parametrize("n_qh,n_kh,fits", [(4, 2, True), (40, 3, False), (2, 40, False)])
+def test_heads_in_one_tile_or_walked(n_qh, n_kh, fits):
+    """Head counts a tile holds whole take the loop-free path; more q or k
+    heads than a tile holds are walked in blocks, and every head is rotated
+    either way (NaN-poisoned outputs)."""
+    dim, size = 256, 4  # 8 KiB tiles of float32 half-rows hold 16 heads
+    assert cuda._launcher(n_qh, n_kh, dim, dim, size, False, False).meta["HEADS_FIT"] is fits
+    q = make_heads(1, n_qh, 2, dim, torch.float32, "transposed")
+    k = make_heads(1, n_kh, 2, dim, torch.float32, "contiguous")
+    cos, sin = (make_table(1, 2, dim, torch.float32, "SR") for _ in range(2))
+    qo, ko = poison_like(q), poison_like(k)
+    cuda.rotate_into(q, k, qo, ko, cos, sin, backward=False, copy_pass=False)
+    want = reference.forward(q.double(), k.double(), cos.double(), sin.double())
+    assert_close_to_ref(qo, want[0], torch.float32, "q_out")
+    assert_close_to_ref(ko, want[1], torch.float32, "k_out")
+
+
 def test_backward_op_is_the_inverse_rotation_for_hf_tables():
     q = make_heads(2, 4, 6, 92, torch.float32, "transposed")
     k = make_heads(2, 1, 6, 92, torch.float32, "contiguous")

@@ -50,12 +50,13 @@ FWD_LOOP_WARPS, BWD_LOOP_WARPS = 8, 4
 FWD_LOOP_STAGES, BWD_LOOP_STAGES = 1, 3
 # The looped forward's first walk loads x evict_last and its second walk loads
 # x and stores y evict_first, so that x stays in L2 between the walks, while
-# the groups in flight (at most FWD_LOOP_GROUPS_PER_SM per SM) hold at most
-# FWD_L2_HINT_BYTES.  H200 (bench/NOTES.md v8): 6-10% faster forward with
-# 32-66 MB in flight, 0.6-1.7% slower with 128 MB and more; the backward
-# (x and dy, twice the bytes) gained nothing.
-FWD_LOOP_GROUPS_PER_SM = 2
-FWD_L2_HINT_BYTES = 96 * 2**20
+# the groups in flight hold at most FWD_L2_HINT_BYTES.  Groups in flight per
+# SM by x's element size: register use caps the forward's programs at about
+# two per SM with bf16 tiles, one with the float32 ones.  H200, 60 MiB of L2
+# (bench/NOTES.md v8): 3-10% faster forward with 32-50 MiB in flight, 0-2%
+# slower with 64 MiB and more; the backward (x and dy) gained nothing.
+FWD_LOOP_GROUPS_PER_SM = {2: 2, 4: 1}
+FWD_L2_HINT_BYTES = 56 * 2**20
 # Elements of one [block_c, block_hw] tile: the forward keeps two float32
 # accumulators per element, the backward four, so it takes half the tile.
 FWD_TILE = 4096
@@ -118,10 +119,11 @@ class CudaPolicy:
         warps = max(1, min(MAX_WARPS, elements // WHOLE_GROUP_ELEMENTS_PER_WARP))
         return max(1, min(rows, MAX_GRID)), {"num_warps": warps}
 
-    def loop_options(self, backward: bool, rows: int, group_bytes: int) -> dict:
+    def loop_options(self, backward: bool, rows: int, group_bytes: int, itemsize: int) -> dict:
         if backward:
             return {"LOOP_STAGES": BWD_LOOP_STAGES, "num_warps": BWD_LOOP_WARPS}
-        in_flight = min(rows, self._sms * FWD_LOOP_GROUPS_PER_SM) * group_bytes
+        per_sm = FWD_LOOP_GROUPS_PER_SM.get(itemsize, FWD_LOOP_GROUPS_PER_SM[2])
+        in_flight = min(rows, self._sms * per_sm) * group_bytes
         hints = ("evict_last", "evict_first") if in_flight <= FWD_L2_HINT_BYTES else ("", "")
         return {
             "LOOP_STAGES": FWD_LOOP_STAGES, "num_warps": FWD_LOOP_WARPS,

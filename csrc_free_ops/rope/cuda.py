@@ -38,7 +38,7 @@ def _rope_kernel(
     sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
     sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr,
+    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     row_math.rope_row(
@@ -47,7 +47,7 @@ def _rope_kernel(
         sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
         sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
         sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
-        BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS,
+        BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS, HEADS_FIT,
     )  # fmt: skip
 
 
@@ -81,7 +81,8 @@ def _launcher(
     block_kh = head_block(n_kh, width, size)
     return Launcher(
         _rope_kernel, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=half_w, BLOCK_PASS=pass_w,
-        BACKWARD=backward, COPY_PASS=copy_pass, num_warps=num_warps(max(block_qh, block_kh), width, size),
+        BACKWARD=backward, COPY_PASS=copy_pass, HEADS_FIT=row_math.heads_fit(n_qh, n_kh, block_qh, block_kh),
+        num_warps=num_warps(max(block_qh, block_kh), width, size),
     )  # fmt: skip
 
 

@@ -55,7 +55,7 @@ def _rope_kernel(
     sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
     n_rows,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr,
+    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr,
 ):  # fmt: skip
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row_math.rope_row(
@@ -64,7 +64,7 @@ def _rope_kernel(
             sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
             sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
             sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
-            BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS,
+            BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS, HEADS_FIT,
         )  # fmt: skip
 
 
@@ -113,6 +113,7 @@ def _launch_rows(lay: launch.Layout, tensors: tuple, size: int, *, backward: boo
             *tensors, *lay.scalars, p.rows,
             BLOCK_QH=cfg.block_qh, BLOCK_KH=cfg.block_kh, BLOCK_HALF=cfg.block_half, BLOCK_PASS=cfg.block_pass,
             BACKWARD=backward, COPY_PASS=copy_pass,
+            HEADS_FIT=row_math.heads_fit(p.n_qh, p.n_kh, cfg.block_qh, cfg.block_kh),
         )  # fmt: skip
 
 
