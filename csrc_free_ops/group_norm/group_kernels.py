@@ -9,10 +9,10 @@ and NPU launchers:
 * looped: the group is walked in [BLOCK_C, BLOCK_HW] tiles twice -- once for
   the statistics (float32 sums of x minus the mean of the group's first
   tile, so that a large mean does not cancel the variance), once to write
-  the output.  The second pass walks the
-  tiles last-first, so it re-reads what the first pass just streamed while
-  it is still in L2: HBM sees x about once, and no partials, merge or
-  second launch are needed.
+  the output.  The second pass walks the tiles last-first, so it re-reads
+  what the first pass just streamed while it is still in L2 (the forward's
+  launcher can add eviction hints that keep it there): HBM sees x about
+  once, and no partials, merge or second launch are needed.
 
 Backward needs the group sums of g = dy * w and g * (x - mean); the looped
 kernel gathers them with the statistics in its first pass.  Both kinds
