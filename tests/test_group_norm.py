@@ -273,9 +273,9 @@ def test_cuda_looped_forward_keeps_x_in_l2_only_when_the_groups_in_flight_fit():
         steps = launch._build(policy, 8, 512, 4096, 32, itemsize, True, True, False)
         assert steps.plan.looped_groups
         assert on.items() <= steps.main.launcher.meta.items()
-    limit = cuda.FWD_L2_HINT_BYTES
     for itemsize, per_sm in cuda.FWD_LOOP_GROUPS_PER_SM.items():
         groups = 132 * per_sm
+        limit = cuda.FWD_L2_HINT_BYTES // itemsize  # elements in flight
         assert policy.loop_options(False, groups, limit // groups, itemsize)["STATS_EVICT"] == "evict_last"
         assert policy.loop_options(False, 10**6, limit // groups + 1, itemsize)["STATS_EVICT"] == ""
         assert policy.loop_options(False, 1, limit, itemsize)["OUTPUT_EVICT"] == "evict_first"  # one group in flight

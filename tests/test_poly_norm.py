@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.poly_norm import cuda, reference
+from csrc_free_ops.poly_norm import cuda, launch, reference
 from tests.helpers import DEVICE, FLOAT_DTYPES, assert_close_to_ref, assert_close_to_scale
 
 # Rows of up to MAX_ROW_BLOCK elements run in one piece; wider rows take the
@@ -212,11 +212,15 @@ def test_backward_op_rejects_mismatched_grad():
 
 
 def test_cuda_forward_runs_one_program_per_row_without_a_loop():
-    """The loop-free forward must get exactly one program per row: with fewer,
-    rows would go unwritten (the NPU tests cover the grid-stride form)."""
+    """The CUDA forward gets one program per row, so it runs loop-free; the
+    loop is kept exactly when there are fewer programs than row blocks (the
+    NPU tests cover that grid-stride form)."""
     for n_rows in (1, 37, 5000):
         p = cuda.plan(n_rows, 300, False, 132, cuda.MAX_ROW_BLOCK)
-        assert (p.whole_rows, p.grid_stride, p.block_m, p.programs) == (True, False, 1, n_rows)
+        assert (p.whole_rows, p.block_m, p.programs) == (True, 1, n_rows)
+        assert not launch.walks_row_blocks(p, n_rows)
+    assert launch.walks_row_blocks(launch.Plan(True, 4, 64, 3, ()), 13)  # 4 blocks, 3 programs
+    assert not launch.walks_row_blocks(launch.Plan(True, 4, 64, 4, ()), 13)
 
 
 def test_single_column_rows():

@@ -119,11 +119,11 @@ class CudaPolicy:
         warps = max(1, min(MAX_WARPS, elements // WHOLE_GROUP_ELEMENTS_PER_WARP))
         return max(1, min(rows, MAX_GRID)), {"num_warps": warps}
 
-    def loop_options(self, backward: bool, rows: int, group_bytes: int, itemsize: int) -> dict:
+    def loop_options(self, backward: bool, rows: int, group_elements: int, itemsize: int) -> dict:
         if backward:
             return {"LOOP_STAGES": BWD_LOOP_STAGES, "num_warps": BWD_LOOP_WARPS}
         per_sm = FWD_LOOP_GROUPS_PER_SM.get(itemsize, FWD_LOOP_GROUPS_PER_SM[2])
-        in_flight = min(rows, self._sms * per_sm) * group_bytes
+        in_flight = min(rows, self._sms * per_sm) * group_elements * itemsize
         hints = ("evict_last", "evict_first") if in_flight <= FWD_L2_HINT_BYTES else ("", "")
         return {
             "LOOP_STAGES": FWD_LOOP_STAGES, "num_warps": FWD_LOOP_WARPS,

@@ -64,10 +64,10 @@ class Policy(Protocol):
         (sample, group) rows of ``elements`` padded elements each."""
         ...
 
-    def loop_options(self, backward: bool, rows: int, group_bytes: int, itemsize: int) -> dict:
+    def loop_options(self, backward: bool, rows: int, group_elements: int, itemsize: int) -> dict:
         """Constexprs and launch options of a looped-group kernel over ``rows``
-        (sample, group) rows of ``group_bytes`` each (elements of ``itemsize``
-        bytes): at least LOOP_STAGES, the
+        (sample, group) rows of ``group_elements`` elements of ``itemsize``
+        bytes: at least LOOP_STAGES, the
         software-pipelining depth of its tile loops (None: the compiler's
         default), and forward STATS_EVICT and OUTPUT_EVICT, the L2 eviction
         policies of its two walks ("" for the default)."""
@@ -146,8 +146,8 @@ def _build(policy: Policy, n: int, c: int, hw: int, groups: int, itemsize: int, 
         workspace = group_kernels.GRAD_ROWS * p.segments if param_grads else 0
         flags = {"HAS_W": has_w, "PARAM_GRADS": param_grads} if backward else {"HAS_W": has_w, "HAS_B": has_b}
         if p.looped_groups:
-            group_bytes = p.channels_per_group * p.hw * itemsize
-            grid, options = policy.grid(p.rows), policy.loop_options(backward, p.rows, group_bytes, itemsize)
+            options = policy.loop_options(backward, p.rows, p.channels_per_group * p.hw, itemsize)
+            grid = policy.grid(p.rows)
         else:
             grid, options = policy.whole_group_launch(p.rows, p.block_c * p.block_hw)
         main = _launch(

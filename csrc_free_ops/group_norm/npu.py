@@ -92,7 +92,7 @@ class NpuPolicy:
     def whole_group_launch(self, rows: int, elements: int) -> tuple[int, dict]:
         return self.grid(rows), {}
 
-    def loop_options(self, backward: bool, rows: int, group_bytes: int, itemsize: int) -> dict:
+    def loop_options(self, backward: bool, rows: int, group_elements: int, itemsize: int) -> dict:
         # triton-ascend has no software-pipelining knob; no cache hints either.
         if backward:
             return {"LOOP_STAGES": None}

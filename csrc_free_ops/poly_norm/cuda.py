@@ -56,7 +56,7 @@ def plan(n_rows: int, n_cols: int, backward: bool, sms: int, max_block: int) -> 
         block = min(COL_BLOCK, max_block)
     warps = _bwd_num_warps(block) if backward else _fwd_num_warps(block)
     if not backward:
-        return Plan(whole_rows, 1, block, n_rows, (("num_warps", warps),), grid_stride=False)
+        return Plan(whole_rows, 1, block, n_rows, (("num_warps", warps),))
     programs = max(1, min(n_rows, sms * _bwd_programs_per_sm(block)))
     return Plan(whole_rows, 1, block, programs, (("num_warps", warps),), BWD_LOOP_STAGES)
 

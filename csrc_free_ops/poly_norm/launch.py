@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from csrc_free_ops.host_math import cdiv
 from csrc_free_ops.launcher import Launcher
 from csrc_free_ops.poly_norm import kernels, param_grads
 
@@ -20,7 +21,6 @@ class Plan(NamedTuple):
     programs: int
     options: tuple[tuple[str, int], ...]  # extra launch options (num_warps on CUDA; none on the NPU)
     loop_stages: int | None = None  # pipelining depth of the backward row loop (None: the compiler's default)
-    grid_stride: bool = True  # forward tile kernel: walk row blocks in a loop (False: one program per block)
 
 
 # (n_rows, n_cols, element size, backward) -> Plan
@@ -41,8 +41,15 @@ def _launcher(
     return Launcher(kernels.fwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, GRID_STRIDE=grid_stride, **dict(options))
 
 
-def _launch(p: Plan, backward: bool, *args) -> None:
-    _launcher(backward, p.whole_rows, p.block_m, p.block_n, p.options, p.loop_stages, p.grid_stride)(p.programs, *args)
+def walks_row_blocks(p: Plan, n_rows: int) -> bool:
+    """Whether the forward tile kernel's programs must loop over row blocks
+    (fewer programs than blocks); with one program per block it runs
+    loop-free."""
+    return p.programs < cdiv(n_rows, p.block_m)
+
+
+def _launch(p: Plan, backward: bool, *args, grid_stride: bool = True) -> None:
+    _launcher(backward, p.whole_rows, p.block_m, p.block_n, p.options, p.loop_stages, grid_stride)(p.programs, *args)
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -65,7 +72,8 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: floa
         return y
     p = planner(n_rows, n_cols, x.element_size(), False)
     src, stride_row, stride_col = _rows(x)
-    _launch(p, False, src, _contiguous(weight), bias, y, stride_row, stride_col, n_cols, n_rows, n_cols, eps)
+    args = (src, _contiguous(weight), bias, y, stride_row, stride_col, n_cols, n_rows, n_cols, eps)
+    _launch(p, False, *args, grid_stride=walks_row_blocks(p, n_rows))
     return y
 
 
