@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csrc_free_ops.rope import cuda, launch, reference
+from csrc_free_ops.rope import cuda, reference
 from tests.helpers import DEVICE, FLOAT_DTYPES, assert_close_to_ref, poison_like
 from tests.rope_cases import (
     HEAD_LAYOUTS,
@@ -117,20 +117,17 @@ def test_every_output_element_is_written(dim, rot):
         assert_close_to_ref(ko, want[1], torch.float32, "k_out")
 
 
-@pytest.mark.parametrize("k_layout,packed", [("transposed", True), ("contiguous", False)])
 @pytest.mark.parametrize("n_qh,n_kh,fits", [(4, 2, True), (40, 3, False), (2, 40, False)])
-def test_heads_in_one_tile_or_walked(n_qh, n_kh, fits, k_layout, packed):
+def test_heads_in_one_tile_or_walked(n_qh, n_kh, fits):
     """Head counts a tile holds whole take the loop-free path; more q or k
     heads than a tile holds are walked in blocks, and every head is rotated
-    either way (NaN-poisoned outputs), with compile-time head strides (HF's
-    layout everywhere: PACKED) or the tensors' own."""
+    either way (NaN-poisoned outputs)."""
     dim, size = 256, 4  # 8 KiB tiles of float32 half-rows hold 16 heads
-    assert cuda._launcher(n_qh, n_kh, dim, dim, size, False, False, packed).meta["HEADS_FIT"] is fits
+    assert cuda._launcher(n_qh, n_kh, dim, dim, size, False, False).meta["HEADS_FIT"] is fits
     q = make_heads(1, n_qh, 2, dim, torch.float32, "transposed")
-    k = make_heads(1, n_kh, 2, dim, torch.float32, k_layout)
+    k = make_heads(1, n_kh, 2, dim, torch.float32, "contiguous")
     cos, sin = (make_table(1, 2, dim, torch.float32, "SR") for _ in range(2))
     qo, ko = poison_like(q), poison_like(k)
-    assert launch.layout(q, k, qo, ko, cos, sin).packed is packed
     cuda.rotate_into(q, k, qo, ko, cos, sin, backward=False, copy_pass=False)
     want = reference.forward(q.double(), k.double(), cos.double(), sin.double())
     assert_close_to_ref(qo, want[0], torch.float32, "q_out")
@@ -337,6 +334,7 @@ def test_cached_layouts_give_the_scalars_of_their_tensors():
     differ only in one stride, table rank or head count get their own, and a
     warm cache returns what a fresh computation gives."""
     from csrc_free_ops.launcher import scalar_specialization
+    from csrc_free_ops.rope import launch
 
     base = torch.empty(2, 6, 5, 8)
     views = [
@@ -353,5 +351,4 @@ def test_cached_layouts_give_the_scalars_of_their_tensors():
                 got = launch.layout(q, k, qo, ko, cos, cos)
                 p = launch.problem(q, k, cos)
                 scalars = launch.kernel_scalars(p, q, k, qo, ko, cos, cos)
-                packed = launch.packed(p, q, k, qo, ko)
-                assert got == launch.Layout(p, scalars, scalar_specialization(scalars), packed)
+                assert got == launch.Layout(p, scalars, scalar_specialization(scalars))

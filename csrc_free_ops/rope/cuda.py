@@ -33,13 +33,12 @@ MAX_WARPS = 1
 @triton.jit
 def _rope_kernel(
     Q, K, QO, KO, COS, SIN,
-    seq_len,
+    seq_len, n_qh, n_kh, half, rot_dim, head_dim,
     sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
     sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
     sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
-    n_qh: tl.constexpr, n_kh: tl.constexpr, half: tl.constexpr, rot_dim: tl.constexpr, head_dim: tl.constexpr,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr, PACKED: tl.constexpr,
+    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     row_math.rope_row(
@@ -48,7 +47,7 @@ def _rope_kernel(
         sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
         sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
         sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
-        BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS, HEADS_FIT, PACKED,
+        BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS, HEADS_FIT,
     )  # fmt: skip
 
 
@@ -65,15 +64,15 @@ def num_warps(block_h: int, width: int, element_size: int) -> int:
 
 def _launch_rows(lay: launch.Layout, tensors: tuple, size: int, *, backward: bool, copy_pass: bool) -> None:
     p = lay.p
-    run = _launcher(p.n_qh, p.n_kh, p.head_dim, p.rot_dim, size, backward, copy_pass, lay.packed)
+    run = _launcher(p.n_qh, p.n_kh, p.head_dim, p.rot_dim, size, backward, copy_pass)
     run.launch(p.rows, tensors, lay.scalars, lay.scalar_key)
 
 
 @functools.lru_cache(maxsize=256)
 def _launcher(
-    n_qh: int, n_kh: int, head_dim: int, rot_dim: int, size: int, backward: bool, copy_pass: bool, packed: bool
+    n_qh: int, n_kh: int, head_dim: int, rot_dim: int, size: int, backward: bool, copy_pass: bool
 ) -> Launcher:
-    """The kernel with its tiles and warps for one head layout, dtype size and PACKED."""
+    """The kernel with its tiles and warps for one head layout and dtype size."""
     p = launch.Problem(1, 1, n_qh, n_kh, head_dim, rot_dim)
     half_w = launch.block_half(p)
     pass_w = launch.block_pass(p)
@@ -81,8 +80,7 @@ def _launcher(
     block_qh = head_block(n_qh, width, size)
     block_kh = head_block(n_kh, width, size)
     return Launcher(
-        _rope_kernel, **launch.size_constants(p), PACKED=packed,
-        BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=half_w, BLOCK_PASS=pass_w,
+        _rope_kernel, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=half_w, BLOCK_PASS=pass_w,
         BACKWARD=backward, COPY_PASS=copy_pass, HEADS_FIT=row_math.heads_fit(n_qh, n_kh, block_qh, block_kh),
         num_warps=num_warps(max(block_qh, block_kh), width, size),
     )  # fmt: skip

@@ -57,23 +57,10 @@ def block_pass(p: Problem) -> int:
 def kernel_scalars(p: Problem, q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor) -> tuple:
     """The row kernels' runtime arguments after the six tensors, in order (p: the problem of q, k, cos)."""
     return (
-        p.seq_len,
+        p.seq_len, p.n_qh, p.n_kh, p.rot_dim // 2, p.rot_dim, p.head_dim,
         *q.stride(), *qo.stride(), *k.stride(), *ko.stride(),
         *table_strides(cos), *table_strides(sin),
     )  # fmt: skip
-
-
-def size_constants(p: Problem) -> dict[str, int]:
-    """The row kernels' compile-time sizes (launchers are cached per head
-    layout anyway); constant head counts and widths let masks fold away."""
-    return {"n_qh": p.n_qh, "n_kh": p.n_kh, "half": p.rot_dim // 2, "rot_dim": p.rot_dim, "head_dim": p.head_dim}
-
-
-def packed(p: Problem, *tensors: Tensor) -> bool:
-    """The PACKED constexpr of ``rope_row``: in every tensor (q, k, qo, ko)
-    heads lie head_dim apart and elements are adjacent, as in HF's
-    (B, S, H, D) projections viewed as (B, H, S, D)."""
-    return all((t.shape[1] == 1 or t.stride(1) == p.head_dim) and t.stride(3) == 1 for t in tensors)
 
 
 class Layout(NamedTuple):
@@ -82,7 +69,6 @@ class Layout(NamedTuple):
     p: Problem
     scalars: tuple
     scalar_key: int
-    packed: bool
 
 
 _LAYOUTS: dict[tuple, Layout] = {}
@@ -99,7 +85,7 @@ def layout(q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tenso
             _LAYOUTS.clear()
         p = problem(q, k, cos)
         scalars = kernel_scalars(p, q, k, qo, ko, cos, sin)
-        found = _LAYOUTS[key] = Layout(p, scalars, scalar_specialization(scalars), packed(p, q, k, qo, ko))
+        found = _LAYOUTS[key] = Layout(p, scalars, scalar_specialization(scalars))
     return found
 
 

@@ -49,14 +49,13 @@ class NpuPlan(NamedTuple):
 @triton.jit
 def _rope_kernel(
     Q, K, QO, KO, COS, SIN,
-    seq_len,
+    seq_len, n_qh, n_kh, half, rot_dim, head_dim,
     sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
     sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
     sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
     n_rows,
-    n_qh: tl.constexpr, n_kh: tl.constexpr, half: tl.constexpr, rot_dim: tl.constexpr, head_dim: tl.constexpr,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr, PACKED: tl.constexpr,
+    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr,
 ):  # fmt: skip
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row_math.rope_row(
@@ -65,7 +64,7 @@ def _rope_kernel(
             sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d,
             sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
             sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
-            BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS, HEADS_FIT, PACKED,
+            BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BACKWARD, COPY_PASS, HEADS_FIT,
         )  # fmt: skip
 
 
@@ -111,7 +110,7 @@ def _launch_rows(lay: launch.Layout, tensors: tuple, size: int, *, backward: boo
     cfg = _plan(p, size, copy_pass)
     with on_device_of(tensors[0]):
         _rope_kernel[(cfg.grid,)](
-            *tensors, *lay.scalars, p.rows, **launch.size_constants(p), PACKED=lay.packed,
+            *tensors, *lay.scalars, p.rows,
             BLOCK_QH=cfg.block_qh, BLOCK_KH=cfg.block_kh, BLOCK_HALF=cfg.block_half, BLOCK_PASS=cfg.block_pass,
             BACKWARD=backward, COPY_PASS=copy_pass,
             HEADS_FIT=row_math.heads_fit(p.n_qh, p.n_kh, cfg.block_qh, cfg.block_kh),

@@ -4,9 +4,7 @@ A "row" is one (batch, position) pair: cos and sin are loaded for it once,
 then every head of q and of k at that position is rotated, a block of
 BLOCK_H heads at a time, as a [BLOCK_H, BLOCK_HALF] tile per half.  All
 offsets are int64 so tensors beyond 2^31 elements address correctly.
-Masks cover head counts and half widths that are not powers of two; the
-kernels take head counts and widths as compile-time constants, so for
-power-of-two sizes the masks fold away.
+Masks cover head counts and half widths that are not powers of two.
 """
 
 import triton
@@ -102,12 +100,10 @@ def rope_row(
     sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d,
     sc_b, sc_s, sc_r, ss_b, ss_s, ss_r,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr, PACKED: tl.constexpr,
+    BACKWARD: tl.constexpr, COPY_PASS: tl.constexpr, HEADS_FIT: tl.constexpr,
 ):  # fmt: skip
     """Rotate every q and k head of one (batch, position) row; row is int64.
-    HEADS_FIT: BLOCK_QH >= n_qh and BLOCK_KH >= n_kh (see ``heads_fit``).
-    PACKED: q, k, qo, ko all have head stride head_dim and element stride 1
-    (see ``launch.packed``)."""
+    HEADS_FIT: BLOCK_QH >= n_qh and BLOCK_KH >= n_kh (see ``heads_fit``)."""
     b = row // seq_len
     s = row - b * seq_len
     c_lo, c_hi, s_lo, s_hi = load_cos_sin(COS, SIN, b, s, sc_b, sc_s, sc_r, ss_b, ss_s, ss_r, half, BLOCK_HALF)
@@ -115,11 +111,6 @@ def rope_row(
     qo_row = b * sqo_b + s * sqo_s
     k_row = b * sk_b + s * sk_s
     ko_row = b * sko_b + s * sko_s
-    if PACKED:
-        # Compile-time strides: every tile address is the row base plus an
-        # immediate (runtime strides cost a 64-bit multiply per head).
-        sq_h, sqo_h, sk_h, sko_h = head_dim, head_dim, head_dim, head_dim
-        sq_d, sqo_d, sk_d, sko_d = 1, 1, 1, 1
     rotate_heads(
         Q, QO, q_row, qo_row, n_qh, sq_h, sq_d, sqo_h, sqo_d, half,
         c_lo, c_hi, s_lo, s_hi, BLOCK_QH, BLOCK_HALF, BACKWARD, HEADS_FIT,
