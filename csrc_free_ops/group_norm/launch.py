@@ -67,10 +67,10 @@ class Policy(Protocol):
     def loop_options(self, backward: bool, rows: int, group_elements: int, itemsize: int) -> dict:
         """Constexprs and launch options of a looped-group kernel over ``rows``
         (sample, group) rows of ``group_elements`` elements of ``itemsize``
-        bytes: at least LOOP_STAGES, the
-        software-pipelining depth of its tile loops (None: the compiler's
-        default), and forward STATS_EVICT and OUTPUT_EVICT, the L2 eviction
-        policies of its two walks ("" for the default)."""
+        bytes: at least LOOP_STAGES, the software-pipelining depth of its
+        tile loops (None: the compiler's default), and forward STATS_EVICT and
+        OUTPUT_EVICT, the L2 eviction policies of its two walks ("" for the
+        default)."""
         ...
 
 
