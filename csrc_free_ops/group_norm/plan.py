@@ -443,29 +443,43 @@ def _cuda_reduce(pb: Problem, part_rows: int, sms: int) -> tuple[int, int, int, 
     return block_r, block_c, max(1, min(cdiv(pb.c, block_c), sms * PROGRAMS_PER_SM)), _warps(block_r * block_c)
 
 
-def _cuda_two_walk(pb: Problem, sms: int) -> Plan:
-    """Looped with enough rows per SM, else split."""
-    per_sm = BWD_LOOP_ROWS_PER_SM if pb.backward else FWD_LOOP_ROWS_PER_SM
-    if pb.rows >= sms * per_sm:
-        grid = max(1, min(pb.rows, sms * PROGRAMS_PER_SM))
-        if pb.backward:
-            return looped(pb, BWD_LOOP_TILE[pb.itemsize], grid, BWD_LOOP_WARPS, BWD_LOOP_STAGES, ("", ""),
-                          _cuda_reduce(pb, pb.n, sms))  # fmt: skip
-        in_flight = min(pb.rows, sms * FWD_LOOP_GROUPS_PER_SM[pb.itemsize]) * pb.cpg * pb.hw * pb.itemsize
-        evict = ("evict_last", "evict_first") if in_flight <= FWD_L2_HINT_BYTES else ("", "")
-        return looped(pb, FWD_LOOP_TILE[pb.itemsize], grid, FWD_LOOP_WARPS, FWD_LOOP_STAGES, evict, ())
+def cuda_looped(pb: Problem, sms: int) -> Plan:
+    grid = max(1, min(pb.rows, sms * PROGRAMS_PER_SM))
+    if pb.backward:
+        return looped(pb, BWD_LOOP_TILE[pb.itemsize], grid, BWD_LOOP_WARPS, BWD_LOOP_STAGES, ("", ""),
+                      _cuda_reduce(pb, pb.n, sms))  # fmt: skip
+    in_flight = min(pb.rows, sms * FWD_LOOP_GROUPS_PER_SM[pb.itemsize]) * pb.cpg * pb.hw * pb.itemsize
+    evict = ("evict_last", "evict_first") if in_flight <= FWD_L2_HINT_BYTES else ("", "")
+    return looped(pb, FWD_LOOP_TILE[pb.itemsize], grid, FWD_LOOP_WARPS, FWD_LOOP_STAGES, evict, ())
+
+
+def cuda_split(pb: Problem, sms: int) -> Plan:
     tile = (BWD_TILE if pb.backward else FWD_TILE) // (2 if pb.itemsize == 8 else 1)  # float64 accumulators: half
     block_c, block_hw, chunk = split_geometry(pb, tile, MAX_BLOCK_HW, sms * ITEMS_PER_SM)
     reduce = _cuda_reduce(pb, pb.n * cdiv(pb.hw, chunk), sms)
     return split(pb, block_c, block_hw, chunk, sms * PROGRAMS_PER_SM, MERGE_BLOCK, True, reduce)
 
 
+def cuda_two_walk(pb: Problem, sms: int) -> Plan:
+    """Looped with enough rows per SM, else split."""
+    per_sm = BWD_LOOP_ROWS_PER_SM if pb.backward else FWD_LOOP_ROWS_PER_SM
+    return cuda_looped(pb, sms) if pb.rows >= sms * per_sm else cuda_split(pb, sms)
+
+
+def cuda_one_pass(pb: Problem, sms: int, tile: int, warps: int, prefetch: bool, fallback: Plan,
+                  max_rounds: int = ONE_PASS_MAX_ROUNDS) -> Plan:  # fmt: skip
+    """The one-pass plan with members of at most ``tile`` elements, one team
+    per row (the launch caps the teams at what is resident)."""
+    block_c, block_hw = one_pass_geometry(pb, tile)
+    reduce = _cuda_reduce(pb, pb.n * cdiv(pb.hw, block_hw), sms)
+    return one_pass(pb, block_c, block_hw, pb.rows, warps, prefetch, MERGE_BLOCK, max_rounds, fallback, reduce)
+
+
 def _cuda_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan) -> Plan | None:
     """The one-pass plan with the largest tile (ONE_PASS_TILES) that still
     gives the problem ONE_PASS_FILL members per SM (else the smallest tile),
     with PREFETCH where teams have several rows, if by the estimated
-    registers its rounds of resident teams are at most ONE_PASS_MAX_ROUNDS.
-    Its grid is one team per row: the launch caps it (module docstring)."""
+    registers its rounds of resident teams are at most ONE_PASS_MAX_ROUNDS."""
     if not dev.cooperative or pb.compute != tl.float32 or pb.cpg * pb.hw >= 2**31:
         return None  # (in-tile offsets are int32)
     warps = ONE_PASS_WARPS[pb.backward]
@@ -481,9 +495,7 @@ def _cuda_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan) -> Plan | None:
             teams = resident_teams(dev, warps, regs, ONE_PASS_SHARED_ESTIMATE, size, pb.rows)
             if teams == 0 or (prefetch and teams == pb.rows) or cdiv(pb.rows, teams) > ONE_PASS_MAX_ROUNDS:
                 continue  # no team fits, nothing to prefetch, or too many rounds
-            reduce = _cuda_reduce(pb, pb.n * cdiv(pb.hw, block_hw), dev.sms)
-            return one_pass(pb, block_c, block_hw, pb.rows, warps, prefetch, MERGE_BLOCK, ONE_PASS_MAX_ROUNDS,
-                            fallback, reduce)  # fmt: skip
+            return cuda_one_pass(pb, dev.sms, tile, warps, prefetch, fallback)
     return None
 
 
@@ -496,7 +508,7 @@ def cuda(pb: Problem, dev: CudaDevice) -> Plan:
         if pb.rows >= WHOLE_MIN_ROWS_PER_SM * dev.sms or pb.n * pb.c * pb.hw * pb.itemsize < SPLIT_MIN_BYTES:
             return plan
         return _cuda_one_pass(pb, dev, plan) or plan
-    two_walk = _cuda_two_walk(pb, dev.sms)
+    two_walk = cuda_two_walk(pb, dev.sms)
     return _cuda_one_pass(pb, dev, two_walk) or two_walk
 
 
