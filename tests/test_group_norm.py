@@ -180,6 +180,18 @@ def test_every_path_on_any_shape(case, dtype, affine, path, tile, target_items, 
     check_against_reference(y, named_grads(dx, dweight, dbias), x, groups, weight, bias, dy, 1e-5)
 
 
+@pytest.mark.parametrize("path", ["whole", "split"])
+def test_float64_data_with_half_precision_parameters(path):
+    """dweight / dbias summed in float64 and stored as bfloat16 / float16: the
+    narrowing goes through float32 (the interpreter's direct float64 ->
+    bfloat16 cast gives garbage)."""
+    x = make_x((2, 6, 5, 3), torch.float64)
+    weight, bias = make_params(6, "both", torch.bfloat16, torch.float16)
+    dy = torch.randn_like(x)
+    y, grads = run_plans(x, 3, weight, bias, dy, 1e-5, lambda pb: small_plan(pb, path))
+    check_against_reference(y, named_grads(*grads), x, 3, weight, bias, dy, 1e-5)
+
+
 def poison_allocations(monkeypatch) -> None:
     """Every floating-point torch.empty / torch.empty_like from here on comes
     back NaN-filled: an output element no kernel writes stays NaN."""
