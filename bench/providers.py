@@ -182,9 +182,12 @@ def rope_inputs(shape: dict[str, Any], device: str):
 
 
 def group_norm_inputs(shape: dict[str, Any], device: str):
+    """x (M, C, H), or (M, C, h, w) where the shape has ``spatial`` = [h, w]
+    (H = h*w then; the diffusion set), weight and bias (C,), requiring grad."""
     dt, g = _dtype(shape), _generator(device)
     c = shape["C"]
-    x = torch.randn(shape["M"], c, shape["H"], device=device, generator=g).to(dt)
+    spatial = tuple(shape["spatial"]) if "spatial" in shape else (shape["H"],)
+    x = torch.randn(shape["M"], c, *spatial, device=device, generator=g).to(dt)
     weight = (1.0 + 0.1 * torch.randn(c, device=device, generator=g)).to(dt)
     bias = (0.1 * torch.randn(c, device=device, generator=g)).to(dt)
     for t in (x, weight, bias):
