@@ -285,9 +285,12 @@ def _gpu_name(device: str) -> str:
 
 
 def _liger_version() -> str:
-    import csrc_free_ops
+    try:
+        import csrc_free_ops
 
-    return csrc_free_ops.__version__
+        return str(csrc_free_ops.__version__)
+    except (ImportError, AttributeError):  # a tree without a version (bench.compare_trees runs any tree)
+        return "unknown"
 
 
 def make_records(res: Results, sweeps_by_key: dict[tuple, shapes.Sweep], device: str) -> list[dict[str, Any]]:
