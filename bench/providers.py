@@ -236,10 +236,10 @@ def retained_backward_context(provider: str) -> Any:
     reads the config at every backward.  The harness builds a second
     compile-provider instance under this for the backward mode; forward and
     full keep the default (donating) compile."""
+    if provider != "compile":
+        return contextlib.nullcontext()
     cfg = torch._functorch.config
-    if provider == "compile" and hasattr(cfg, "donated_buffer"):
-        return cfg.patch(donated_buffer=False)
-    return contextlib.nullcontext()
+    return cfg.patch(donated_buffer=False) if hasattr(cfg, "donated_buffer") else contextlib.nullcontext()
 
 
 def _build_poly_norm(provider: str, shape: dict[str, Any], device: str) -> Built:

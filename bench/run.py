@@ -354,10 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else (5.0 if args.quick else 10.0)
     rep = args.rep if args.rep is not None else (20.0 if args.quick else 50.0)
 
-    # Enough recompiles for every shape in case a reset is skipped somewhere.
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 64)
+    if "compile" in args.providers:  # (importing dynamo costs seconds; only the compile provider needs it)
+        # Enough recompiles for every shape in case a reset is skipped somewhere.
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
 
     from bench import providers
 
