@@ -187,7 +187,7 @@ _CUDA_PLANS: dict[tuple, Plan] = {}
 
 def _cuda_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool) -> Plan:
     dev = x.device
-    sms = device.num_sms(dev)
+    sms = device.sms_of(x)
     n, c, hw = _sizes(x)
     key = (n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, dev, sms)
     p = _CUDA_PLANS.get(key)
