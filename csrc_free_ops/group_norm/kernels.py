@@ -243,15 +243,18 @@ def _team_barrier(counter, team_size):
 
 @triton.jit
 def _team_member(N, C, HW, num_groups, chunk, BLOCK_C: tl.constexpr):
-    """(team, channel block, segment, team size, teams, cpg, splits, rows,
-    values per segment row) of this program: program p is member
+    """(team, channel block, segment, team size, teams, cpg, splits, rows it
+    may take, values per segment row) of this program: program p is member
     p % team_size of team p // team_size, and team t takes rows t, t + teams, ..."""
     cpg, c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     team_size = c_blocks * splits
     pid = tl.cast(tl.program_id(0), tl.int64)
     rank = pid % team_size
-    teams = tl.num_programs(0) // team_size
-    return pid // team_size, rank // splits, rank % splits, team_size, teams, cpg, splits, n_rows, n_segments
+    team = pid // team_size
+    teams = tl.maximum(tl.num_programs(0) // team_size, 1)
+    # A program past the last whole team (none in a planned grid) takes no row: its team would never fill.
+    last = tl.where(team < tl.num_programs(0) // team_size, n_rows, 0)
+    return team, rank // splits, rank % splits, team_size, teams, cpg, splits, last, n_segments
 
 
 @triton.jit

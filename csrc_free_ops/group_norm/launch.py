@@ -62,6 +62,16 @@ def _buffers(p: Plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return workspace, counters
 
 
+def _param_grads(
+    weight: torch.Tensor | None, bias: torch.Tensor | None, c: int, dev: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dweight / dbias, uninitialized: the reduce writes all C channels of
+    each.  Two allocations: outputs sharing storage break the op's schema
+    (opcheck: "outputs alias unexpectedly")."""
+    return (torch.empty(c, dtype=weight.dtype, device=dev) if weight is not None else None,
+            torch.empty(c, dtype=bias.dtype, device=dev) if bias is not None else None)  # fmt: skip
+
+
 def _sizes(x: torch.Tensor) -> tuple[int, int, int]:
     n, c = x.shape[0], x.shape[1]
     return n, c, x.numel() // (n * c)
@@ -77,7 +87,7 @@ def forward(
 ) -> torch.Tensor:
     """y (contiguous, x's shape and dtype) by the steps of p."""
     x = _contiguous(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x)  # contiguous, as x now is (the cheapest allocation on the host)
     if x.numel() == 0:
         return y
     w = _contiguous(weight) if weight is not None else x
@@ -106,14 +116,11 @@ def backward(
     dtype, dweight / dbias in their parameter's."""
     x = _contiguous(x)
     dy = _contiguous(grad_out)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x)
     if x.numel() == 0:
         return (dx, torch.zeros_like(weight) if weight is not None else None,
                 torch.zeros_like(bias) if bias is not None else None)  # fmt: skip
-    c = x.shape[1]
-    # Every element is written by the reduce, which covers all C channels.
-    dweight = torch.empty(c, dtype=weight.dtype, device=x.device) if weight is not None else None
-    dbias = torch.empty(c, dtype=bias.dtype, device=x.device) if bias is not None else None
+    dweight, dbias = _param_grads(weight, bias, x.shape[1], x.device)
     tensors = (dy, x, _contiguous(weight) if weight is not None else x, dx, x if dweight is None else dweight,
                x if dbias is None else dbias)  # fmt: skip
     args = (*tensors, *_buffers(p, x), *_sizes(x), num_groups, p.chunk, eps)
