@@ -660,6 +660,28 @@ def test_one_pass_on_gpu_matches_reference(shape, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_one_pass_small_teams_for_the_sanitizer(prefetch):
+    """Teams of 4 programs over 2048 rows (many rounds per team), forward and
+    backward, small enough to run under compute-sanitizer (racecheck,
+    synccheck, memcheck): ``-k sanitizer``."""
+    x = make_x((64, 64, 32, 32), torch.float32)
+    weight, bias = make_params(64, "both", torch.float32)
+    dy = torch.randn_like(x)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    plans = {}
+    for bw in (False, True):
+        pb = problem(x, 32, weight, bias, bw)
+        plans[bw] = plan.cuda_one_pass(pb, sms, 512, 4, prefetch, plan.cuda_two_walk(pb, sms))
+        assert plans[bw].team_size == 4
+    y = launch.forward(x, 32, weight, bias, 1e-5, plans[False])
+    grads = launch.backward(dy, x, 32, weight, bias, 1e-5, plans[True])
+    capped = [v[1] for v in launch._CAPPED.values() if v[0] is plans[False]]
+    assert capped and capped[0] is not None and capped[0][0][1] // 4 < 2048  # several rounds per team
+    check_against_reference(y, named_grads(*grads), x, 32, weight, bias, dy, 1e-5)
+
+
+@gpu
 def test_one_pass_on_gpu_repeats_replays_and_runs_on_two_streams():
     """Barrier counters are zeroed per call: repeated launches, CUDA-graph
     replays and concurrent launches on two streams give the eager result,

@@ -28,7 +28,9 @@ from tests.test_group_norm import (
 # small that every loop runs several steps (tiles of 2-4 elements, groups
 # split across programs, multi-step finalize and reduce) on a few cores.
 TINY_UB, TINY_CORES = 256, 9
-PROFILES = [("Ascend910B4", None, None), ("Ascend910B1", None, None), ("Ascend910B2", TINY_UB, TINY_CORES)]
+# (Ascend910B1 differs from B4 only in a larger UB: at these shapes the same
+# plans, so it is left out; the hypothesis test draws UB sizes.)
+PROFILES = [("Ascend910B4", None, None), ("Ascend910B2", TINY_UB, TINY_CORES)]
 # A shape that takes every multi-step path under the tiny profile (see test_tiny_ub_plans_every_multi_step_path).
 MULTI_STEP_SHAPE = (1, 4, 100)
 
