@@ -26,7 +26,8 @@ def _reduce_kernel(PARTIAL, DW, DB, n_programs, BLOCK_P: tl.constexpr):
     sums = tl.sum(acc, axis=0)
     idx = tl.arange(0, 4)
     tl.store(DW + idx, sums.to(DW.dtype.element_ty), mask=idx < 3)
-    tl.store(DB + idx - 3, sums.to(DB.dtype.element_ty), mask=idx == 3)
+    # dbias as a scalar: triton-ascend rejects the masked-off negative offsets of DB + idx - 3.
+    tl.store(DB, tl.sum(tl.where(idx == 3, sums, 0.0)).to(DB.dtype.element_ty))
 
 
 @functools.lru_cache(maxsize=64)
