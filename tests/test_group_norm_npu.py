@@ -179,7 +179,7 @@ def test_npu_launchers_pass_no_warps_or_stages():
     assert policy.options(4096) == {}
     grid, options = policy.whole_group_launch(10**6, 4096)
     assert options == {} and grid == policy.grid(10**6) <= device.NPU_MAX_GRID
-    assert policy.loop_options(False, 8, 1024, 2) == {"LOOP_STAGES": None, "STATS_EVICT": "", "OUTPUT_EVICT": ""}
+    assert policy.loop_options(False, 8, 1024, 2) == {"LOOP_STAGES": 1, "STATS_EVICT": "", "OUTPUT_EVICT": ""}
     source = inspect.getsource(npu)
     assert "num_warps" not in source.replace("no num_warps", "")
     assert "num_stages" not in source.replace("num_warps / num_stages", "")

@@ -93,10 +93,10 @@ class NpuPolicy:
         return self.grid(rows), {}
 
     def loop_options(self, backward: bool, rows: int, group_elements: int, itemsize: int) -> dict:
-        # triton-ascend has no software-pipelining knob; no cache hints either.
+        # One stage: triton-ascend (Triton 3.2) cannot lower a tl.range pipelining depth of None; no cache hints.
         if backward:
-            return {"LOOP_STAGES": None}
-        return {"LOOP_STAGES": None, "STATS_EVICT": "", "OUTPUT_EVICT": ""}
+            return {"LOOP_STAGES": 1}
+        return {"LOOP_STAGES": 1, "STATS_EVICT": "", "OUTPUT_EVICT": ""}
 
     def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
         tile = tile_elements(FINALIZE_BYTES_PER_ELEMENT, self._ub)

@@ -36,6 +36,9 @@ SMALL_ROW_MAX_COLS = 2048
 MAX_BLOCK_M = 64
 FWD_FP32_TEMPS = 4
 BWD_FP32_TEMPS = 6
+# The pipelining depth of the backward row loop (tl.range): triton-ascend (Triton 3.2)
+# cannot lower None, the "compiler's default" a CUDA plan may pass.
+LOOP_STAGES = 1
 
 
 def _prev_power_of_2(n: int) -> int:
@@ -55,8 +58,8 @@ def plan(n_rows: int, n_cols: int, elem_bytes: int, backward: bool) -> Plan:
     block_n = next_pow2(n_cols)
     if n_cols <= SMALL_ROW_MAX_COLS and block_n <= tile:
         block_m = min(MAX_BLOCK_M, tile // block_n, next_pow2(n_rows))
-        return Plan(True, block_m, block_n, min(cores, cdiv(n_rows, block_m)), ())
-    return Plan(False, 1, min(block_n, tile), min(cores, n_rows), ())
+        return Plan(True, block_m, block_n, min(cores, cdiv(n_rows, block_m)), (), LOOP_STAGES)
+    return Plan(False, 1, min(block_n, tile), min(cores, n_rows), (), LOOP_STAGES)
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
