@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -48,11 +49,16 @@ import types
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import triton
+import triton.language as tl
+
 PASS_MARK = "returning module before running external compiler"
 OVERFLOW = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available")
 RETRIED = "Ub overflow detected"
 # hivm.hir.pointer_cast(%c32768_i64[, %c...]) : memref<8x1024xbf16, #hivm.address_space<ub>>
-UB_BUFFER = re.compile(r"hivm\.hir\.pointer_cast\(([^)]*)\)\s*:\s*memref<([^,>]*?)x?(\w+)(?:,[^>]*)?,\s*#hivm\.address_space<ub>>")
+UB_BUFFER = re.compile(
+    r"hivm\.hir\.pointer_cast\(([^)]*)\)\s*:\s*memref<([^,>]*?)x?(\w+)(?:,[^>]*)?,\s*#hivm\.address_space<ub>>"
+)
 ELEMENT_BITS = {"f64": 64, "i64": 64, "f32": 32, "i32": 32, "f16": 16, "bf16": 16, "i16": 16, "i8": 8, "i1": 8}
 
 
@@ -105,6 +111,12 @@ def _message(text: str) -> str:
 
 
 _STATE: dict = {}
+
+
+@triton.jit
+def ub_probe_kernel(X, Y, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs) * 2.0)
 
 
 def _init_worker(cache: str) -> None:
@@ -164,13 +176,103 @@ def compile_spec(spec: dict) -> dict:
 
 def _plan(launch: dict, spec: dict) -> str:
     consts = ", ".join(f"{k}={v}" for k, v in spec["constexprs"].items())
-    return (f"{launch['entry']} shape={launch['shape']} {launch['dtype']} {launch['profile']} "
+    tiny = " (tiny UB)" if launch["tiny_ub"] else ""
+    return (f"{launch['entry']} shape={launch['shape']} {launch['dtype']} {launch['profile']}{tiny} "
             f"ub={launch['ub_bytes']} -> {spec['kernel']}[{launch['grid']}]({consts})")  # fmt: skip
 
 
-def compile_key(spec: dict) -> str:
-    fields = ("module", "kernel", "signature", "constexprs", "divisible_16", "equal_to_1", "chip")
-    return json.dumps([spec[f] for f in fields], sort_keys=True)
+PROBE_BLOCK = 1 << 20  # float32 elements: 4 MiB, more UB than any Ascend chip has
+
+
+def _probe_spec(chip: str) -> dict:
+    """A copy kernel of PROBE_BLOCK elements, which overflows every chip: its
+    error states the UB bishengir allows that chip."""
+    return {"module": __name__ if __name__ != "__main__" else "tests.npu_compile_check", "kernel": "ub_probe_kernel",
+            "signature": {"X": "*fp32", "Y": "*fp32"}, "constexprs": {"BLOCK": PROBE_BLOCK},
+            "divisible_16": ["X", "Y"], "equal_to_1": [], "chip": chip}  # fmt: skip
+
+
+def compile_key(spec: dict, chip: str) -> str:
+    fields = ("module", "kernel", "signature", "constexprs", "divisible_16", "equal_to_1")
+    return json.dumps([chip, *(spec[f] for f in fields)], sort_keys=True)
+
+
+def compile_all(specs: dict, jobs: int) -> tuple[dict, dict]:
+    """({spec id: result}, {chip: UB bytes bishengir allows}).  Chips whose UB
+    bishengir gives alike (all of the 910B family today) share one compile of
+    a spec, for the first of them."""
+    chips = sorted({s["chip"] for s in specs.values()})
+    with tempfile.TemporaryDirectory() as cache, ProcessPoolExecutor(jobs, initializer=_init_worker,
+                                                                      initargs=(cache,)) as pool:  # fmt: skip
+        probes = list(pool.map(compile_spec, [_probe_spec(c) for c in chips]))
+        chip_ub = {c: p["available_bytes"] for c, p in zip(chips, probes, strict=True)}
+        if None in chip_ub.values():
+            raise SystemExit(f"the UB probe did not overflow: {dict(zip(chips, probes, strict=True))}")
+        stand_in = {c: min(d for d in chips if chip_ub[d] == chip_ub[c]) for c in chips}
+        keys = {i: compile_key(s, stand_in[s["chip"]]) for i, s in specs.items()}
+        todo = {}
+        for i, k in keys.items():
+            todo.setdefault(k, {**specs[i], "chip": stand_in[specs[i]["chip"]]})
+        done = dict(zip(todo, pool.map(compile_spec, list(todo.values()), chunksize=4), strict=True))
+    return {i: done[k] for i, k in keys.items()}, chip_ub
+
+
+def _run_key(la: dict) -> tuple:
+    return la["entry"], json.dumps(la["shape"]), la["dtype"], la["profile"], la["tiny_ub"]
+
+
+def verdicts(data: dict, results: dict) -> tuple[list[str], list[dict]]:
+    """(failures, next-tile rows).  A failure is a planned launch whose spec
+    did not compile and fit.  A next-tile row pairs a planned launch with the
+    launch at the same position of the doubled-UB run, where that one has
+    another spec of the same kernel (a larger tile); a doubled-UB run that
+    launches other kernels (another plan branch) is not paired."""
+    specs, launches = data["specs"], data["launches"]
+    failures = set()
+    runs = collections.defaultdict(lambda: {"model": [], "next": []})
+    for la in launches:
+        runs[_run_key(la)][la["role"]].append(la)
+        res = results[la["spec"]]
+        if la["role"] == "model" and res["status"] != "ok":
+            failures.add(f"{res['status']}: {_plan(la, specs[la['spec']])}: {res['message'] or res['status']}")
+    rows = []
+    for (_entry, _shape, _dtype, _profile, tiny), r in runs.items():
+        model, nxt = r["model"], r["next"]
+        if tiny or [specs[m["spec"]]["kernel"] for m in model] != [specs[n["spec"]]["kernel"] for n in nxt]:
+            continue
+        for m, n in zip(model, nxt, strict=True):
+            if m["spec"] != n["spec"]:
+                rows.append({"planned": m, "next": n, "planned_result": results[m["spec"]],
+                             "next_result": results[n["spec"]]})  # fmt: skip
+    return sorted(failures), rows
+
+
+def _tile(spec: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in spec["constexprs"].items() if k.startswith("BLOCK"))
+
+
+def next_tile_table(data: dict, rows: list[dict]) -> list[str]:
+    """One line per distinct (kernel, argument types, planned tile, next tile)."""
+    specs = data["specs"]
+    lines = {}
+    for row in rows:
+        ps, ns = specs[row["planned"]["spec"]], specs[row["next"]["spec"]]
+        pr, nr = row["planned_result"], row["next_result"]
+        nfig = nr["ub_bytes"] if nr["status"] in ("ok", "fits-without-multibuffer") else nr["required_bytes"]
+        key = (ps["kernel"], tuple(ps["signature"].values())[:1], _tile(ps), _tile(ns))
+        x_type = next(iter(ps["signature"].values()))
+        lines.setdefault(key, f"{ps['kernel']:<22} x={x_type:<6} {row['planned']['dtype']:<9} "
+                              f"{row['planned']['profile']:<12} planned {_tile(ps):<34} UB {pr['ub_bytes']}; "
+                              f"next {_tile(ns):<34} {nr['status']} {nfig}")  # fmt: skip
+    return [lines[k] for k in sorted(lines)]
+
+
+def _put_bishengir_on_path() -> None:
+    """ascendnpu-ir ships bishengir-compile in its package's bin/ folder, which
+    pip does not put on PATH; the backend looks it up there."""
+    spec = importlib.util.find_spec("ascendnpuir")
+    if spec is not None and spec.origin:
+        os.environ["PATH"] = f"{Path(spec.origin).parent / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def main(argv: list[str]) -> int:
@@ -180,56 +282,32 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args(argv)
     if shutil.which("bishengir-compile") is None:
-        print("bishengir-compile is not on PATH (pip install ascendnpu-ir; its bin/ folder)", file=sys.stderr)
+        _put_bishengir_on_path()
+    if shutil.which("bishengir-compile") is None:
+        print("bishengir-compile is not on PATH and ascendnpu-ir is not installed", file=sys.stderr)
         return 2
     data = json.loads(Path(args.specs).read_text())
-    specs, launches = data["specs"], data["launches"]
-
     t0 = time.time()
-    ids = list(specs)
-    with tempfile.TemporaryDirectory() as cache, ProcessPoolExecutor(args.jobs, initializer=_init_worker,
-                                                                      initargs=(cache,)) as pool:  # fmt: skip
-        results = dict(zip(ids, pool.map(compile_spec, [specs[i] for i in ids], chunksize=4), strict=True))
+    results, chip_ub = compile_all(data["specs"], args.jobs)
     elapsed = time.time() - t0
-
-    failures, next_tiles = [], []
-    planned = collections.defaultdict(set)  # run -> its planned specs
-    for la in launches:
-        if la["role"] == "model":
-            planned[_run_key(la)].add(la["spec"])
-    for la in launches:
-        spec, res = specs[la["spec"]], results[la["spec"]]
-        if la["role"] == "model" and res["status"] != "ok":
-            failures.append(f"{res['status']}: {_plan(la, spec)}: {res['message'] or res['status']}")
-        elif la["role"] == "next" and la["spec"] not in planned[_run_key(la)] and not la["ub_bytes"] <= 16384:
-            next_tiles.append((la, spec, res))
-    failures = sorted(set(failures))
-
-    status = collections.Counter(results[la["spec"]]["status"] for la in launches if la["role"] == "model")
-    print(f"compiled {len(specs)} specs in {elapsed:.0f} s with {args.jobs} jobs; planned launches by result: "
-          f"{dict(status)}")  # fmt: skip
-    _print_next(next_tiles)
+    failures, rows = verdicts(data, results)
+    planned = [la for la in data["launches"] if la["role"] == "model"]
+    status = collections.Counter(results[la["spec"]]["status"] for la in planned)
+    print(f"UB bishengir allows: {chip_ub}")
+    print(f"compiled {len(data['specs'])} specs in {elapsed:.0f} s with {args.jobs} jobs; "
+          f"planned launches by result: {dict(status)}")  # fmt: skip
+    table = next_tile_table(data, rows)
+    print("next power-of-two tiles (planned tile, its UB high-water in bytes; next tile, result, bytes):")
+    for line in table:
+        print("  " + line)
     if args.report:
-        Path(args.report).write_text(json.dumps({"results": results, "failures": failures}, indent=1))
+        report = {"chip_ub_bytes": chip_ub, "results": results, "failures": failures, "next_tiles": table}
+        Path(args.report).write_text(json.dumps(report, indent=1))
     for f in failures:
         print("FAILED", f)
-    n_model = sum(la["role"] == "model" for la in launches)
-    print(f"{n_model - len([la for la in launches if la['role'] == 'model' and results[la['spec']]['status'] != 'ok'])}"
-          f" passed, {sum(1 for la in launches if la['role'] == 'model' and results[la['spec']]['status'] != 'ok')}"
-          " failed")  # fmt: skip
+    bad = sum(results[la["spec"]]["status"] != "ok" for la in planned)
+    print(f"{len(planned) - bad} passed, {bad} failed")
     return 1 if failures else 0
-
-
-def _run_key(la: dict) -> tuple:
-    return la["entry"], json.dumps(la["shape"]), la["dtype"], la["profile"]
-
-
-def _print_next(next_tiles: list) -> None:
-    by = collections.defaultdict(list)
-    for la, spec, res in next_tiles:
-        by[res["status"]].append((la, spec, res))
-    for status, rows in sorted(by.items()):
-        print(f"next power-of-two tiles: {len(rows)} {status}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ triton-ascend) expects to overflow the real chip.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -277,15 +278,16 @@ def collect(selected: list[Entry] | None = None) -> dict:
         chip = r.profile
         ub = r.ub_bytes or device.ASCEND_PROFILES[r.profile].ub_bytes
         for role, ub_bytes in (("model", r.ub_bytes), ("next", 2 * ub)):
-            launches = _with_env(r.profile, ub_bytes, lambda: record_launches(lambda: fn(*r.entry.args(r.shape, dt, pt))))
-            for launch in launches:
+            call = functools.partial(fn, *r.entry.args(r.shape, dt, pt))
+            launches = _with_env(r.profile, ub_bytes, functools.partial(record_launches, call))
+            for index, launch in enumerate(launches):
                 key = spec_key(launch, chip)
                 if key not in ids:
                     ids[key] = f"s{len(ids)}"
                     specs[ids[key]] = {**{k: v for k, v in launch.items() if k != "grid"}, "chip": chip}
                 out.append({"op": r.entry.op, "entry": r.entry.target, "shape": list(r.shape), "dtype": r.dtype,
-                            "profile": r.profile, "ub_bytes": ub_bytes or ub, "role": role, "grid": launch["grid"],
-                            "spec": ids[key]})  # fmt: skip
+                            "profile": r.profile, "tiny_ub": r.ub_bytes is not None, "ub_bytes": ub_bytes or ub,
+                            "role": role, "index": index, "grid": launch["grid"], "spec": ids[key]})  # fmt: skip
     return {"specs": specs, "launches": out}
 
 
