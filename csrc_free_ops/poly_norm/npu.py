@@ -64,12 +64,19 @@ def plan(n_rows: int, n_cols: int, elem_bytes: int, backward: bool) -> Plan:
     return Plan(False, 1, min(block_n, tile), min(cores, n_rows), (), LOOP_STAGES)
 
 
+def _unit_column_stride(t: torch.Tensor) -> torch.Tensor:
+    """t, copied when its last dim is not unit-stride: triton-ascend then compiles
+    the row loads as gathers that need 2-5x the UB the plan budgets (bishengir:
+    ub overflow at every planned tile), where a stride of 1 is specialized away."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    return launch.forward(x, weight, bias, eps, plan)
+    return launch.forward(_unit_column_stride(x), weight, bias, eps, plan)
 
 
 def backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight (3,), dbias (1,)); dweight and dbias in weight's dtype."""
-    return launch.backward(grad_out, x, weight, eps, plan)
+    return launch.backward(_unit_column_stride(grad_out), _unit_column_stride(x), weight, eps, plan)
