@@ -62,12 +62,18 @@ def _t(shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype)
 
 
+def _rows(shape, dt) -> torch.Tensor:
+    """shape: (rows, cols[, "T"]); "T" gives a transposed view, whose columns are not unit-stride."""
+    rows, cols, *layout = shape
+    return _t((cols, rows), dt).t() if layout == ["T"] else _t((rows, cols), dt)
+
+
 def poly_norm_forward_args(shape, dt, pt):
-    return _t(shape, dt), _t(3, pt), _t(1, pt), 1e-6
+    return _rows(shape, dt), _t(3, pt), _t(1, pt), 1e-6
 
 
 def poly_norm_backward_args(shape, dt, pt):
-    return _t(shape, dt), _t(shape, dt), _t(3, pt), 1e-6
+    return _rows(shape, dt), _rows(shape, dt), _t(3, pt), 1e-6
 
 
 def rope_args(shape, dt, pt):
@@ -109,6 +115,7 @@ POLY_NORM_SHAPES = (
     (300, 2048),  # whole rows at the widest tiled width
     (7, 2500),  # column blocks (wider than SMALL_ROW_MAX_COLS)
     (3, 40000),  # column blocks bounded by the UB
+    (300, 1024, "T"),  # a transposed x: columns not unit-stride
 )
 ROPE_SHAPES = (  # (B, Hq, Hk, S, D, R[, layout])
     (2, 8, 2, 16, 128, 128),  # GQA, every head in one tile
@@ -119,7 +126,9 @@ ROPE_SHAPES = (  # (B, Hq, Hk, S, D, R[, layout])
 GROUP_NORM_SHAPES = (  # (x shape, groups, affine)
     ((2, 32, 8, 8), 8, "wb"),  # whole group in one tile
     ((2, 32, 8, 8), 8, ""),
-    ((4, 16, 24, 24), 4, "w"),  # whole group, tile bounded by the UB
+    ((4, 16, 24, 24), 4, "w"),  # whole group at the forward's UB bound
+    ((2, 16, 16, 32), 4, "wb"),  # whole group at the backward's UB bound
+    ((2, 16, 32, 64), 4, "wb"),  # split; whole with the UB doubled
     ((2, 64, 64, 64), 4, "wb"),  # split, fused merge
     ((1, 8, 128, 128), 2, "wb"),  # split over several segments per channel, fused
     ((1, 512, 32, 32), 1, "wb"),  # split, separate finalize (unfused)
