@@ -238,12 +238,18 @@ def verdicts(data: dict, results: dict) -> tuple[list[str], list[dict]]:
     rows = []
     for (_entry, _shape, _dtype, _profile, tiny), r in runs.items():
         model, nxt = r["model"], r["next"]
-        if tiny or [specs[m["spec"]]["kernel"] for m in model] != [specs[n["spec"]]["kernel"] for n in nxt]:
+        if tiny:
             continue
-        for m, n in zip(model, nxt, strict=True):
-            if m["spec"] != n["spec"]:
-                rows.append({"planned": m, "next": n, "planned_result": results[m["spec"]],
-                             "next_result": results[n["spec"]]})  # fmt: skip
+        if [specs[m["spec"]]["kernel"] for m in model] == [specs[n["spec"]]["kernel"] for n in nxt]:
+            pairs = [
+                (m, n) for m, n in zip(model, nxt, strict=True) if _tile(specs[m["spec"]]) != _tile(specs[n["spec"]])
+            ]
+        else:  # another plan branch: its kernels that the planned run did not launch, unpaired
+            ran = {specs[m["spec"]]["kernel"] for m in model}
+            pairs = [(None, n) for n in nxt if specs[n["spec"]]["kernel"] not in ran]
+        for m, n in pairs:
+            rows.append({"planned": m, "next": n, "planned_result": m and results[m["spec"]],
+                         "next_result": results[n["spec"]]})  # fmt: skip
     return sorted(failures), rows
 
 
@@ -252,18 +258,20 @@ def _tile(spec: dict) -> str:
 
 
 def next_tile_table(data: dict, rows: list[dict]) -> list[str]:
-    """One line per distinct (kernel, argument types, planned tile, next tile)."""
+    """One line per distinct (kernel, x's type, planned tile, next tile)."""
     specs = data["specs"]
     lines = {}
     for row in rows:
-        ps, ns = specs[row["planned"]["spec"]], specs[row["next"]["spec"]]
-        pr, nr = row["planned_result"], row["next_result"]
+        ns, nr, nl = specs[row["next"]["spec"]], row["next_result"], row["next"]
         nfig = nr["ub_bytes"] if nr["status"] in ("ok", "fits-without-multibuffer") else nr["required_bytes"]
-        key = (ps["kernel"], tuple(ps["signature"].values())[:1], _tile(ps), _tile(ns))
-        x_type = next(iter(ps["signature"].values()))
-        lines.setdefault(key, f"{ps['kernel']:<22} x={x_type:<6} {row['planned']['dtype']:<9} "
-                              f"{row['planned']['profile']:<12} planned {_tile(ps):<34} UB {pr['ub_bytes']}; "
-                              f"next {_tile(ns):<34} {nr['status']} {nfig}")  # fmt: skip
+        x_type = next(iter(ns["signature"].values()))
+        if row["planned"] is None:
+            planned = f"{'(another plan branch)':<34}        "
+        else:
+            planned = f"{_tile(specs[row['planned']['spec']]):<34} UB {row['planned_result']['ub_bytes']}"
+        key = (ns["kernel"], x_type, planned.split(" UB")[0], _tile(ns))
+        lines.setdefault(key, f"{ns['kernel']:<22} x={x_type:<6} {nl['dtype']:<9} {nl['profile']:<12} "
+                              f"planned {planned}; next {_tile(ns):<34} {nr['status']} {nfig}")  # fmt: skip
     return [lines[k] for k in sorted(lines)]
 
 

@@ -128,7 +128,8 @@ GROUP_NORM_SHAPES = (  # (x shape, groups, affine)
     ((2, 32, 8, 8), 8, ""),
     ((4, 16, 24, 24), 4, "w"),  # whole group at the forward's UB bound
     ((2, 16, 16, 32), 4, "wb"),  # whole group at the backward's UB bound
-    ((2, 16, 32, 64), 4, "wb"),  # split; whole with the UB doubled
+    ((2, 16, 32, 64), 4, "wb"),  # whole forward at its UB bound; split backward, whole with the UB doubled
+    ((2, 16, 64, 64), 4, "wb"),  # split; whole forward with the UB doubled
     ((2, 64, 64, 64), 4, "wb"),  # split, fused merge
     ((1, 8, 128, 128), 2, "wb"),  # split over several segments per channel, fused
     ((1, 512, 32, 32), 1, "wb"),  # split, separate finalize (unfused)
