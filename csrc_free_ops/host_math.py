@@ -15,3 +15,8 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(v: int) -> int:
     """The smallest power of two >= v (1 for v <= 1)."""
     return 1 << max(0, v - 1).bit_length()
+
+
+def prev_pow2(v: int) -> int:
+    """The largest power of two <= v (1 for v <= 1)."""
+    return 1 << (max(v, 1).bit_length() - 1)

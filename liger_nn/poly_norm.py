@@ -10,7 +10,8 @@ class PolyNorm(nn.Module):
     """y = w0*norm(x^3) + w1*norm(x^2) + w2*norm(x) + b, norm over the last dim.
 
     Parameters ``weight`` (3,), initialised to 1/3, and ``bias`` (1,), zeros.
-    x must have the parameters' dtype.
+    x may have any float dtype, independent of the parameters' (float32
+    master weights under bfloat16 activations); y takes x's dtype.
     """
 
     def __init__(self, eps: float = 1e-6) -> None:

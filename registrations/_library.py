@@ -1,55 +1,178 @@
-"""The torch.library handle of the ``liger`` namespace and the routing from
-a backend's dispatch key to the launcher module that serves it."""
+"""The torch.library handle of the ``liger`` namespace and the one helper that
+registers every op the same way: ``define_op`` (schema, fake kernel and one
+entry per dispatch key) and ``register_autograd`` (the autograd formula).
+
+Each dispatch key is bound to its own launch entry, so there is no second
+routing by device:
+
+* ``CUDA``: the op's CUDA launch (``csrc_free_ops/<op>/launch.py``);
+* ``PrivateUse1`` (torch_npu's Ascend NPU): the op's NPU launch;
+* ``CPU``: the CUDA launch sequence on CPU tensors under the Triton
+  interpreter when ``TRITON_INTERPRET=1`` was set before this package was
+  imported (Triton reads it when the kernels are defined), else the
+  pure-PyTorch reference (``csrc_free_ops/<op>/reference.py``).
+
+Every binding runs the op's ``check`` before its entry; the fake kernel runs
+the same check, so bad input fails alike eagerly and under torch.compile.
+"""
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
-from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from csrc_free_ops import device
-
 LIB = torch.library.Library("liger", "DEF")
 
-# Each op's kernel is registered under these keys; PrivateUse1 is where
-# torch_npu puts Ascend NPU tensors.
-BACKEND_KEYS = ("CUDA", "PrivateUse1", "CPU")
+# Read once, when the kernels are imported (with this package): Triton decides
+# then whether a kernel is compiled or interpreted.
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-class Launchers(NamedTuple):
-    """The per-backend launcher modules of one op."""
+class Entries(NamedTuple):
+    """The launch entry of each dispatch key.  Each takes the op's schema
+    arguments in order, defaults filled in, already checked."""
 
-    cuda: ModuleType
-    npu: ModuleType
-    reference: ModuleType
-
-
-def triton_interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    cuda: Callable
+    npu: Callable
+    interpreted: Callable  # CPU tensors with TRITON_INTERPRET=1: the CUDA launch sequence, interpreted
+    reference: Callable  # CPU tensors otherwise
 
 
-def pick(t: torch.Tensor, launchers: Launchers) -> ModuleType:
-    """The module serving t's backend.  CPU tensors run the CUDA Triton
-    launchers under the Triton interpreter, else the pure-PyTorch reference."""
-    backend = device.backend_of(t)
-    if backend == "cuda":
-        return launchers.cuda
-    if backend == "npu":
-        return launchers.npu
-    return launchers.cuda if triton_interpreter_on() else launchers.reference
+def _defaults(op: torch._ops.OpOverload) -> tuple[int, tuple]:
+    """(number of schema arguments, defaults of the trailing arguments that have one)."""
+    arguments = op._schema.arguments
+    tail: list[Any] = []
+    for a in reversed(arguments):
+        if not a.has_default_value():
+            break
+        tail.insert(0, a.default_value)
+    return len(arguments), tuple(tail)
 
 
-def define(schema: str, kernel: Callable) -> str:
-    """Define ``liger::<name>`` from its schema, register ``kernel`` for every
-    backend key, and return the qualified name."""
+def _with_defaults(fn: Callable, n_args: int, tail: tuple) -> Callable:
+    """fn called with the schema defaults the dispatcher leaves out (it drops
+    trailing arguments equal to their default before calling a Python kernel)."""
+    if not tail:
+        return fn
+
+    def call(*args):
+        missing = n_args - len(args)
+        return fn(*args, *tail[len(tail) - missing :]) if missing else fn(*args)
+
+    return call
+
+
+def _checked(check: Callable, entry: Callable) -> Callable:
+    def kernel(*args):
+        check(*args)
+        return entry(*args)
+
+    return kernel
+
+
+_NOTICE_GIVEN = False
+
+
+def _reference_on_cpu(reference: Callable, name: str) -> Callable:
+    """The CPU binding without the interpreter: the reference, after making
+    sure the interpreter was not asked for too late, and a one-time notice
+    that this path is pure PyTorch."""
+
+    def run(*args):
+        global _NOTICE_GIVEN
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise RuntimeError(
+                f"liger.{name}: TRITON_INTERPRET=1 was set after csrc_free_ops was imported. Triton reads it when "
+                "the kernels are defined, so set it before the first import of csrc_free_ops / registrations / "
+                "liger_nn (e.g. `TRITON_INTERPRET=1 python ...`) to run the Triton kernels on CPU tensors; unset "
+                "it to keep running the pure-PyTorch reference."
+            )
+        if not _NOTICE_GIVEN:
+            _NOTICE_GIVEN = True
+            warnings.warn(
+                f"liger.{name}: CPU tensors run the pure-PyTorch reference (set TRITON_INTERPRET=1 before importing "
+                "csrc_free_ops to run the Triton kernels under the interpreter); shown once per process.",
+                stacklevel=3,
+            )
+        return reference(*args)
+
+    return run
+
+
+class _Bound(NamedTuple):
+    """What ``define_op`` bound for one op: its check and the entry of each
+    device type (``cpu`` as chosen at import), for calls that skip the
+    dispatcher (``_direct_entry``)."""
+
+    check: Callable
+    by_device: dict[str, Callable]
+
+
+_BOUND: dict[torch._ops.OpOverload, _Bound] = {}
+
+
+def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries) -> torch._ops.OpOverload:
+    """Define ``liger::<name>`` from its schema, bind each dispatch key to
+    its entry and register the fake kernel; ``check`` runs first in all of
+    them.  Returns the op's default overload."""
     LIB.define(schema)
     name = schema.split("(", 1)[0]
-    for key in BACKEND_KEYS:
-        LIB.impl(name, kernel, key)
-    return "liger::" + name
+    op = getattr(torch.ops.liger, name).default
+    n_args, tail = _defaults(op)
+    cpu = entries.interpreted if INTERPRETER else _reference_on_cpu(entries.reference, name)
+    for key, entry in (("CUDA", entries.cuda), ("PrivateUse1", entries.npu), ("CPU", cpu)):
+        LIB.impl(name, _with_defaults(_checked(check, entry), n_args, tail), key)
+    torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), n_args, tail), lib=LIB)
+    privateuse1 = torch._C._get_privateuse1_backend_name()
+    _BOUND[op] = _Bound(check, {"cuda": entries.cuda, "cpu": cpu, privateuse1: entries.npu})
+    return op
+
+
+# Per device type, the dispatch keys of a plain dense tensor there.
+_PLAIN_KEYS: dict[str, Any] = {}
+# The keys a thread includes in every dispatch when no transform (torch.func's
+# dynamic layers, the Python dispatcher) has added its own.
+_DEFAULT_INCLUDE = torch._C._dispatch_tls_local_include_set()
+
+
+def _plain_keys(t: torch.Tensor) -> Any:
+    kind = t.device.type
+    keys = _PLAIN_KEYS.get(kind)
+    if keys is None:
+        keys = _PLAIN_KEYS[kind] = torch._C._dispatch_keys(torch.empty(0, device=t.device))
+    return keys
+
+
+def _direct_entry(op: torch._ops.OpOverload, args: tuple) -> Callable | None:
+    """The entry the dispatcher would reach for these arguments below
+    Autograd, when nothing else could run first: no TorchDispatchMode is
+    active (fake tensors, tracing, profilers' modes), no transform has
+    added dispatch keys to the thread (torch.func), and every tensor
+    argument carries exactly a plain dense tensor's dispatch keys (no
+    subclass with __torch_dispatch__ (DTensor), no functionalization or
+    functorch wrapper, no negative/conjugate view, no inference tensor).
+    None otherwise: then the call goes through the dispatcher.  Skipping it
+    saves a trip through the dispatcher and a Python kernel per call, which
+    is what decides small eager calls."""
+    bound = _BOUND.get(op)
+    if (
+        bound is None
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._dispatch_tls_local_include_set() != _DEFAULT_INCLUDE
+    ):
+        return None
+    first = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if first is None:
+                first = a
+            if torch._C._dispatch_keys(a) != _plain_keys(first):
+                return None
+    return None if first is None else bound.by_device.get(first.device.type)
 
 
 def _below_autograd(op: Callable, args: tuple):
@@ -58,44 +181,51 @@ def _below_autograd(op: Callable, args: tuple):
         return op(*args)
 
 
-def call_from_backward(op: Callable, *args):
-    """Call ``op`` inside an autograd formula.  Unless the backward itself is
-    being differentiated (grad mode on), the op's Autograd kernel would only
-    redispatch, so dispatch starts below it: one Python kernel fewer."""
-    return op(*args) if torch.is_grad_enabled() else _below_autograd(op, args)
+def _checked_below_autograd(op: torch._ops.OpOverload, args: tuple):
+    """``_below_autograd(op, args)``, calling the checked entry directly where
+    that is what the dispatcher would do (``_direct_entry``)."""
+    entry = _direct_entry(op, args)
+    if entry is None:
+        return _below_autograd(op, args)
+    _BOUND[op].check(*args)
+    return entry(*args)
 
 
-def register_autograd(
-    qualname: str,
-    backward: Callable,
-    *,
-    setup_context: Callable,
-    defaults: tuple = (),
-) -> None:
-    """Give ``qualname`` an autograd formula, like torch.library.register_autograd.
+def call_from_backward(op: torch._ops.OpOverload, *args):
+    """Call ``op`` (a backward op, every schema argument given) inside an
+    autograd formula.  When the backward itself is being differentiated
+    (grad mode on) it goes through the op's Autograd kernel.  Otherwise
+    dispatch starts below it; and where the dispatcher would only reach the
+    entry (``_direct_entry``), the entry is called directly and without
+    re-validating: the forward checked these tensors, and autograd hands
+    the incoming gradient with its output's shape, dtype and device."""
+    if torch.is_grad_enabled():
+        return op(*args)
+    entry = _direct_entry(op, args)
+    return entry(*args) if entry is not None else _below_autograd(op, args)
+
+
+def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
+    """Give ``op`` an autograd formula, like torch.library.register_autograd.
 
     torch.library's version wraps every call in generic machinery (default
     filling, pytree flattening, keyset bookkeeping) that costs more host time
     than a small kernel takes on the GPU.  This registers one plain
     autograd.Function as the op's Autograd kernel instead: its forward
     redispatches below autograd (so fake tensors, functionalization and the
-    backend kernels see the op as before) and calls ``setup_context``; its
-    backward is ``backward``.  With grad mode off or no input requiring grad
-    it only redispatches.  ``defaults`` are the schema defaults of the
-    trailing arguments, which the dispatcher drops when a caller omits them.
+    backend kernels see the op as before) and calls ``setup_context`` with
+    the arguments, defaults filled in; its backward is ``backward``, which
+    returns one gradient (or None) per schema argument.  With
+    grad mode off or no input requiring grad it only redispatches.
     """
-    ns, name = qualname.split("::", 1)
-    op = getattr(getattr(torch.ops, ns), name).default
-    n_args = len(op._schema.arguments)
-
-    def complete(args: tuple) -> tuple:
-        return args + defaults[len(defaults) - (n_args - len(args)) :] if len(args) < n_args else args
+    name = op._schema.name.split("::", 1)[1]
+    n_args, tail = _defaults(op)
+    complete = _with_defaults(lambda *args: args, n_args, tail)
 
     class Formula(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            args = complete(args)
-            output = _below_autograd(op, args)
+            output = _checked_below_autograd(op, args)
             setup_context(ctx, args, output)
             return output
 
@@ -106,8 +236,50 @@ def register_autograd(
     Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
 
     def autograd_kernel(*args):
+        args = complete(*args)
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return Formula.apply(*args)
-        return _below_autograd(op, args)
+        return _checked_below_autograd(op, args)
 
     LIB.impl(name, autograd_kernel, "Autograd")
+
+
+def register_autograd_by_reference(op: torch._ops.OpOverload, reference: Callable) -> None:
+    """Make a backward op differentiable through its pure-PyTorch reference
+    (same arguments, same outputs, built from differentiable torch ops): its
+    gradient is the vector-Jacobian product of the reference, so second-order
+    gradients (gradient penalties, Hessian-vector products) are exact, at the
+    reference's speed.  With create_graph it stays differentiable."""
+
+    def setup_context(ctx, args, output) -> None:
+        ctx.is_tensor = tuple(isinstance(a, torch.Tensor) for a in args)
+        ctx.others = tuple(None if t else a for a, t in zip(args, ctx.is_tensor, strict=True))
+        ctx.save_for_backward(*(a for a, t in zip(args, ctx.is_tensor, strict=True) if t))
+
+    def backward(ctx, *grads):
+        create_graph = torch.is_grad_enabled()
+        saved = iter(ctx.saved_tensors)
+        args, wrt = [], []
+        with torch.enable_grad():
+            for i, (is_tensor, other) in enumerate(zip(ctx.is_tensor, ctx.others, strict=True)):
+                a = next(saved) if is_tensor else other
+                if is_tensor and ctx.needs_input_grad[i]:
+                    a = a if create_graph and a.requires_grad else a.detach().requires_grad_()
+                    wrt.append(i)
+                args.append(a)
+            outs = reference(*args)
+            pairs = [
+                (o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o is not None and o.requires_grad
+            ]
+            found = (None,) * len(wrt)
+            if pairs:
+                found = torch.autograd.grad(
+                    [o for o, _ in pairs], [args[i] for i in wrt], [g for _, g in pairs],
+                    allow_unused=True, create_graph=create_graph,
+                )  # fmt: skip
+        result: list[torch.Tensor | None] = [None] * len(args)
+        for i, g in zip(wrt, found, strict=True):
+            result[i] = g if g is not None else torch.zeros_like(args[i])
+        return tuple(result)
+
+    register_autograd(op, backward, setup_context=setup_context)

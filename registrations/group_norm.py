@@ -18,12 +18,9 @@ import torch
 
 from csrc_free_ops.group_norm import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, call_from_backward, define, pick, register_autograd
+from registrations._library import Entries, call_from_backward, define_op, register_autograd
 
-_LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.group_norm"
-# The schema's default (Python kernels receive only the arguments the caller passed).
-DEFAULT_EPS = 1e-5
 
 
 def _check_param(x: torch.Tensor, name: str, p: torch.Tensor | None) -> None:
@@ -58,72 +55,48 @@ def _check_backward(grad_out: torch.Tensor, x: torch.Tensor) -> None:
     _checks.check_all_like(_OP + "_backward", "x", x, (("grad_out", grad_out),))
 
 
-def _group_norm(
-    x: torch.Tensor,
-    num_groups: int,
-    weight: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    eps: float = DEFAULT_EPS,
-) -> torch.Tensor:
-    _check(x, num_groups, weight, bias, eps)
-    return pick(x, _LAUNCHERS).forward(x, num_groups, weight, bias, eps)
-
-
-def _group_norm_backward(
-    grad_out: torch.Tensor,
-    x: torch.Tensor,
-    num_groups: int,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _check_both(grad_out, x, num_groups, weight, bias, eps) -> None:
     _check(x, num_groups, weight, bias, eps)
     _check_backward(grad_out, x)
-    return pick(x, _LAUNCHERS).backward(grad_out, x, num_groups, weight, bias, eps)
 
 
-GROUP_NORM = define(
-    "group_norm(Tensor x, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
-    _group_norm,
-)
-GROUP_NORM_BACKWARD = define(
-    "group_norm_backward(Tensor grad_out, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps)"
-    " -> (Tensor, Tensor?, Tensor?)",
-    _group_norm_backward,
-)
-
-
-@torch.library.register_fake(GROUP_NORM)
-def _group_norm_fake(x, num_groups, weight=None, bias=None, eps=DEFAULT_EPS):
-    _check(x, num_groups, weight, bias, eps)
+def _fake(x, num_groups, weight, bias, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake(GROUP_NORM_BACKWARD)
-def _group_norm_backward_fake(grad_out, x, num_groups, weight, bias, eps):
-    _check(x, num_groups, weight, bias, eps)
-    _check_backward(grad_out, x)
+def _backward_fake(grad_out, x, num_groups, weight, bias, eps):
     dweight = weight.new_empty(weight.shape) if weight is not None else None
     dbias = bias.new_empty(bias.shape) if bias is not None else None
     return torch.empty_like(x, memory_format=torch.contiguous_format), dweight, dbias
 
 
+GROUP_NORM = define_op(
+    "group_norm(Tensor x, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
+    check=_check,
+    fake=_fake,
+    entries=Entries(cuda=cuda.forward, npu=npu.forward, interpreted=cuda.forward, reference=reference.forward),
+)
+GROUP_NORM_BACKWARD = define_op(
+    "group_norm_backward(Tensor grad_out, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps)"
+    " -> (Tensor, Tensor?, Tensor?)",
+    check=_check_both,
+    fake=_backward_fake,
+    entries=Entries(cuda=cuda.backward, npu=npu.backward, interpreted=cuda.backward, reference=reference.backward),
+)
+
+
 def _setup_context(ctx, inputs, output) -> None:
-    # inputs holds only the arguments the caller passed; fill in the schema defaults.
-    x, num_groups, weight, bias, eps = tuple(inputs) + (None, None, DEFAULT_EPS)[len(inputs) - 2 :]
+    x, num_groups, weight, bias, eps = inputs
     ctx.save_for_backward(x, weight, bias)
     ctx.num_groups = num_groups
     ctx.eps = eps
-    ctx.n_inputs = len(inputs)
 
 
 def _backward(ctx, grad_out):
     x, weight, bias = ctx.saved_tensors
-    op = torch.ops.liger.group_norm_backward.default
-    dx, dweight, dbias = call_from_backward(op, grad_out, x, ctx.num_groups, weight, bias, ctx.eps)
-    need = tuple(ctx.needs_input_grad) + (False,) * 5
-    grads = (dx if need[0] else None, None, dweight if need[2] else None, dbias if need[3] else None, None)
-    return grads[: ctx.n_inputs]
+    dx, dweight, dbias = call_from_backward(GROUP_NORM_BACKWARD, grad_out, x, ctx.num_groups, weight, bias, ctx.eps)
+    need = ctx.needs_input_grad
+    return dx if need[0] else None, None, dweight if need[2] else None, dbias if need[3] else None, None
 
 
-register_autograd(GROUP_NORM, _backward, setup_context=_setup_context, defaults=(None, None, DEFAULT_EPS))
+register_autograd(GROUP_NORM, _backward, setup_context=_setup_context)

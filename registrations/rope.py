@@ -26,9 +26,8 @@ import torch
 
 from csrc_free_ops.rope import cuda, npu, reference
 from registrations import _checks
-from registrations._library import Launchers, call_from_backward, define, pick, register_autograd
+from registrations._library import Entries, call_from_backward, define_op, register_autograd
 
-_LAUNCHERS = Launchers(cuda=cuda, npu=npu, reference=reference)
 _OP = "liger.rope"
 
 
@@ -81,46 +80,46 @@ def _check_in_place(q: torch.Tensor, k: torch.Tensor) -> None:
         raise ValueError(f"{_OP}_: q and k must not be the same memory")
 
 
-def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_rope(q, k, cos, sin) -> None:
     _check(_OP, q, k, cos, sin)
-    return pick(q, _LAUNCHERS).forward(q, k, cos, sin)
 
 
-def _rope_backward(
-    dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_rope_backward(dq, dk, cos, sin) -> None:
     _check(_OP + "_backward", dq, dk, cos, sin, ("dq", "dk"))
-    return pick(dq, _LAUNCHERS).backward(dq, dk, cos, sin)
 
 
-def _rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+def _check_rope_(q, k, cos, sin) -> None:
     _check(_OP + "_", q, k, cos, sin)
-    _check_in_place(q, k)
-    pick(q, _LAUNCHERS).forward_(q, k, cos, sin)
+    if not isinstance(q, torch._subclasses.FakeTensor):
+        _check_in_place(q, k)
 
 
-ROPE = define("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)", _rope)
-ROPE_BACKWARD = define(
-    "rope_backward(Tensor dq, Tensor dk, Tensor cos, Tensor sin) -> (Tensor, Tensor)", _rope_backward
-)
-ROPE_ = define("rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()", _rope_)
-
-
-@torch.library.register_fake(ROPE)
-def _rope_fake(q, k, cos, sin):
-    _check(_OP, q, k, cos, sin)
+def _fake(q, k, cos, sin):
     return torch.empty_like(q), torch.empty_like(k)
 
 
-@torch.library.register_fake(ROPE_BACKWARD)
-def _rope_backward_fake(dq, dk, cos, sin):
-    _check(_OP + "_backward", dq, dk, cos, sin, ("dq", "dk"))
-    return torch.empty_like(dq), torch.empty_like(dk)
+def _fake_(q, k, cos, sin) -> None:
+    return None
 
 
-@torch.library.register_fake(ROPE_)
-def _rope_inplace_fake(q, k, cos, sin):
-    _check(_OP + "_", q, k, cos, sin)
+ROPE = define_op(
+    "rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
+    check=_check_rope,
+    fake=_fake,
+    entries=Entries(cuda=cuda.forward, npu=npu.forward, interpreted=cuda.forward, reference=reference.forward),
+)
+ROPE_BACKWARD = define_op(
+    "rope_backward(Tensor dq, Tensor dk, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
+    check=_check_rope_backward,
+    fake=_fake,
+    entries=Entries(cuda=cuda.backward, npu=npu.backward, interpreted=cuda.backward, reference=reference.backward),
+)
+ROPE_ = define_op(
+    "rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
+    check=_check_rope_,
+    fake=_fake_,
+    entries=Entries(cuda=cuda.forward_, npu=npu.forward_, interpreted=cuda.forward_, reference=reference.forward_),
+)
 
 
 def _no_table_grad(op: str):
@@ -138,14 +137,14 @@ def _no_table_grad(op: str):
 
 def _rope_grad(ctx, dq, dk):
     cos, sin = ctx.saved_tensors
-    gq, gk = call_from_backward(torch.ops.liger.rope_backward.default, dq, dk, cos, sin)
+    gq, gk = call_from_backward(ROPE_BACKWARD, dq, dk, cos, sin)
     need_q, need_k = ctx.needs_input_grad[:2]
     return (gq if need_q else None, gk if need_k else None, None, None)
 
 
 def _rope_backward_grad(ctx, ddq, ddk):
     cos, sin = ctx.saved_tensors
-    gq, gk = call_from_backward(torch.ops.liger.rope.default, ddq, ddk, cos, sin)
+    gq, gk = call_from_backward(ROPE, ddq, ddk, cos, sin)
     need_q, need_k = ctx.needs_input_grad[:2]
     return (gq if need_q else None, gk if need_k else None, None, None)
 

@@ -29,8 +29,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
-_POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
-            torch.int64: "*i64"}  # fmt: skip
+_POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64",
+            torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
@@ -86,23 +86,29 @@ def compile_all(seen: dict[tuple, tuple]) -> list[str]:
 
 def _launch_every_path() -> None:
     """Each op's CUDA and NPU launchers over the shapes and options that select
-    each of their kernels and constexpr branches, in two dtypes."""
+    each of their kernels and constexpr branches, in every dtype they take."""
     from csrc_free_ops.group_norm import cuda as gn_cuda
     from csrc_free_ops.group_norm import npu as gn_npu
-    from csrc_free_ops.poly_norm import cuda as pn_cuda
-    from csrc_free_ops.poly_norm import npu as pn_npu
+    from csrc_free_ops.poly_norm import launch as pn_launch
+    from csrc_free_ops.poly_norm import plan as pn_plan
     from csrc_free_ops.rope import cuda as rope_cuda
     from csrc_free_ops.rope import npu as rope_npu
 
-    for dt in (torch.bfloat16, torch.float32):
-        w3, b1 = torch.ones(3, dtype=dt), torch.zeros(1, dtype=dt)
-        for cols, max_block in ((64, 8192), (3000, 8192), (9000, 1024)):  # whole rows, pipelined, column blocks
-            x = torch.zeros(8, cols, dtype=dt)
-            pn_cuda.forward(x, w3, b1, 1e-6, max_block=max_block)
-            pn_cuda.backward(x, x, w3, 1e-6, max_block=max_block)
-        pn_npu.forward(x, w3, b1, 1e-6)
-        pn_npu.backward(x, x, w3, 1e-6)
+    # poly_norm: every data dtype, parameters in x's dtype and in float32 (mixed precision).
+    for dt in (torch.bfloat16, torch.float32, torch.float64):
+        for pdt in {dt, torch.float32}:
+            w3, b1 = torch.ones(3, dtype=pdt), torch.zeros(1, dtype=pdt)
+            for cols in (64, 3000, 9000):  # one warp, several warps, column blocks
+                x = torch.zeros(8, cols, dtype=dt)
+                pn_launch.cuda_forward(x, w3, b1, 1e-6)
+                pn_launch.cuda_backward(x, x, w3, 1e-6)
+                pn_launch.npu_forward(x, w3, b1, 1e-6)
+                pn_launch.npu_backward(x, x, w3, 1e-6)
+            x = torch.zeros(8, 64, dtype=dt)
+            grid_stride = pn_plan.Plan(True, 2, 64, 2)  # the NPU's grid-stride tile with CUDA's compiler
+            pn_launch.forward(x, w3, b1, 1e-6, grid_stride)
 
+    for dt in (torch.bfloat16, torch.float32):
         q, k = torch.zeros(2, 4, 6, 64, dtype=dt), torch.zeros(2, 2, 6, 64, dtype=dt)
         for rot in (64, 32):  # full and partial rotary
             cos = sin = torch.zeros(1, 6, rot, dtype=dt)

@@ -6,11 +6,15 @@ import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Every dtype the ops take (docs/ops.md, "Dtypes"): the above plus float64.
+ALL_DTYPES = (*FLOAT_DTYPES, torch.float64)
 
 # Per dtype: (bound on ||out - ref|| / ||ref||, bound on the largest
 # elementwise error relative to max |ref|).  Float32 math with the output
-# rounded to the dtype; bf16 keeps 8 mantissa bits, fp16 11.
+# rounded to the dtype (float64 math for float64); bf16 keeps 8 mantissa
+# bits, fp16 11.
 TOLERANCES = {
+    torch.float64: (1e-12, 1e-11),
     torch.float32: (2e-5, 1e-4),
     torch.float16: (2e-3, 4e-3),
     torch.bfloat16: (1.2e-2, 3e-2),
@@ -43,10 +47,15 @@ def assert_close_to_ref(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype
     assert worst <= elem_tol, f"{what}: max elementwise error {worst:.3e} of max|ref| > {elem_tol:.1e} ({dtype})"
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the ops compute in for data of ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def assert_close_to_scale(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
-                          what: str) -> None:  # fmt: skip
+                          what: str, compute: torch.dtype = torch.float32) -> None:  # fmt: skip
     """out against a float64 reference for an output the kernel sums up in
-    float32 and then rounds to ``dtype``.  ``scale``: per element, the summed
+    ``compute`` (float32 unless the data is float64) and then rounds to ``dtype``.  ``scale``: per element, the summed
     magnitudes of the terms added into it (>= |ref|).  The float32 sum's
     rounding error is relative to its terms, not to the sum, which can cancel
     far below them; the final rounding is relative to the value.  So each
@@ -58,7 +67,7 @@ def assert_close_to_scale(out: torch.Tensor, ref: torch.Tensor, scale: torch.Ten
     assert torch.isfinite(err).all(), f"{what}: non-finite values in the output"
     scale = scale.detach().to("cpu", torch.float64).reshape(ref.shape)
     norm_tol, elem_tol = TOLERANCES[dtype]
-    sum_norm_tol, sum_elem_tol = TOLERANCES[torch.float32]
+    sum_norm_tol, sum_elem_tol = TOLERANCES[compute]
     norm_bound = norm_tol * ref64.norm().item() + sum_norm_tol * scale.norm().item()
     elem_bound = elem_tol * ref64.abs().max().item() + sum_elem_tol * scale.max().item()
     assert err.norm().item() <= norm_bound, f"{what}: error norm {err.norm().item():.3e} > {norm_bound:.3e} ({dtype})"

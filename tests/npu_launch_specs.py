@@ -47,9 +47,13 @@ DTYPES = {
     "bf16": (torch.bfloat16, torch.bfloat16),
     "fp16": (torch.float16, torch.float16),
     "bf16+fp32": (torch.bfloat16, torch.float32),
+    "fp64": (torch.float64, torch.float64),  # for the ops that compute float64 data in float64
 }
-_TRITON_TYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
-                torch.int64: "i64"}  # fmt: skip
+BASE_DTYPES = ("fp32", "bf16", "fp16", "bf16+fp32")
+WITH_FP64 = (*BASE_DTYPES, "fp64")
+SAME_DTYPE = ("fp32", "bf16", "fp16")  # rope: cos and sin share q's dtype
+_TRITON_TYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
+                torch.int32: "i32", torch.int64: "i64"}  # fmt: skip
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
@@ -68,11 +72,11 @@ def _rows(shape, dt) -> torch.Tensor:
     return _t((cols, rows), dt).t() if layout == ["T"] else _t((rows, cols), dt)
 
 
-def poly_norm_forward_args(shape, dt, pt):
+def pn_forward_args(shape, dt, pt):
     return _rows(shape, dt), _t(3, pt), _t(1, pt), 1e-6
 
 
-def poly_norm_backward_args(shape, dt, pt):
+def pn_backward_args(shape, dt, pt):
     return _rows(shape, dt), _rows(shape, dt), _t(3, pt), 1e-6
 
 
@@ -86,7 +90,7 @@ def rope_args(shape, dt, pt):
     return q, k, _t((1, s, r), pt), _t((1, s, r), pt)
 
 
-def group_norm_forward_args(shape, dt, pt):
+def gn_forward_args(shape, dt, pt):
     """shape: (x shape, groups, affine), affine one of "wb", "w", ""."""
     x_shape, groups, affine = shape
     c = x_shape[1]
@@ -95,8 +99,8 @@ def group_norm_forward_args(shape, dt, pt):
     return _t(x_shape, dt), groups, w, b, 1e-5
 
 
-def group_norm_backward_args(shape, dt, pt):
-    x, groups, w, b, eps = group_norm_forward_args(shape, dt, pt)
+def gn_backward_args(shape, dt, pt):
+    x, groups, w, b, eps = gn_forward_args(shape, dt, pt)
     return torch.empty_like(x), x, groups, w, b, eps
 
 
@@ -106,10 +110,10 @@ class Entry:
     target: str  # "module:function", the function the NPU dispatch key runs
     args: Callable[..., tuple]  # (shape, data dtype, parameter dtype) -> call arguments
     shapes: tuple  # a spread that reaches every branch of the entry's plan
-    dtypes: tuple[str, ...] = tuple(DTYPES)
+    dtypes: tuple[str, ...] = BASE_DTYPES
 
 
-POLY_NORM_SHAPES = (
+PN_SHAPES = (
     (37, 48),  # whole rows, one row block per program (no grid-stride loop)
     (5000, 1024),  # whole rows, BLOCK_M bounded by the UB, grid-stride loop
     (300, 2048),  # whole rows at the widest tiled width
@@ -123,7 +127,7 @@ ROPE_SHAPES = (  # (B, Hq, Hk, S, D, R[, layout])
     (2, 5, 3, 6, 96, 64, "bshd"),  # partial rotary, non-power-of-two heads and width, HF layout
     (1, 128, 128, 2, 256, 256),  # wide heads, many of them
 )
-GROUP_NORM_SHAPES = (  # (x shape, groups, affine)
+GN_SHAPES = (  # (x shape, groups, affine)
     ((2, 32, 8, 8), 8, "wb"),  # whole group in one tile
     ((2, 32, 8, 8), 8, ""),
     ((4, 16, 24, 24), 4, "w"),  # whole group at the forward's UB bound
@@ -140,15 +144,17 @@ GROUP_NORM_SHAPES = (  # (x shape, groups, affine)
 def entries() -> list[Entry]:
     """Every NPU entry the check drives: adding a launcher or kernel variant
     is one line here (a new argument builder only when its inputs differ)."""
+    # fmt: off
     return [
-        Entry("poly_norm", "csrc_free_ops.poly_norm.npu:forward", poly_norm_forward_args, POLY_NORM_SHAPES),
-        Entry("poly_norm", "csrc_free_ops.poly_norm.npu:backward", poly_norm_backward_args, POLY_NORM_SHAPES),
-        Entry("rope", "csrc_free_ops.rope.npu:forward", rope_args, ROPE_SHAPES, ("fp32", "bf16", "fp16")),
-        Entry("rope", "csrc_free_ops.rope.npu:backward", rope_args, ROPE_SHAPES, ("fp32", "bf16", "fp16")),
-        Entry("rope", "csrc_free_ops.rope.npu:forward_", rope_args, ROPE_SHAPES, ("fp32", "bf16", "fp16")),
-        Entry("group_norm", "csrc_free_ops.group_norm.npu:forward", group_norm_forward_args, GROUP_NORM_SHAPES),
-        Entry("group_norm", "csrc_free_ops.group_norm.npu:backward", group_norm_backward_args, GROUP_NORM_SHAPES),
+        Entry("poly_norm", "csrc_free_ops.poly_norm.launch:npu_forward", pn_forward_args, PN_SHAPES, WITH_FP64),
+        Entry("poly_norm", "csrc_free_ops.poly_norm.launch:npu_backward", pn_backward_args, PN_SHAPES, WITH_FP64),
+        Entry("rope", "csrc_free_ops.rope.npu:forward", rope_args, ROPE_SHAPES, SAME_DTYPE),
+        Entry("rope", "csrc_free_ops.rope.npu:backward", rope_args, ROPE_SHAPES, SAME_DTYPE),
+        Entry("rope", "csrc_free_ops.rope.npu:forward_", rope_args, ROPE_SHAPES, SAME_DTYPE),
+        Entry("group_norm", "csrc_free_ops.group_norm.npu:forward", gn_forward_args, GN_SHAPES),
+        Entry("group_norm", "csrc_free_ops.group_norm.npu:backward", gn_backward_args, GN_SHAPES),
     ]
+    # fmt: on
 
 
 # ---------------------------------------------------------------------------
@@ -187,8 +193,13 @@ def _equal_to_1(a: Any) -> bool:
 
 
 def _jsonable(v: Any) -> Any:
+    """A constexpr as JSON; a Triton dtype (e.g. a COMPUTE constexpr) as {"tl.dtype": its name}."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
+    import triton.language as tl
+
+    if isinstance(v, tl.dtype):
+        return {"tl.dtype": v.name}
     raise TypeError(f"constexpr value {v!r} of type {type(v).__name__} cannot be written to JSON")
 
 

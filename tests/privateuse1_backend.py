@@ -85,14 +85,17 @@ def install() -> None:
     _LIB.fallback(_fallback, "PrivateUse1")
 
 
-def spy_on(module: ModuleType, name: str, calls: list[str]) -> None:
+def spy_on(module: ModuleType, name: str, calls: list[str], passthrough: bool = False) -> None:
     """Replace ``module.name`` by a wrapper that records the call and runs the
-    real launcher on the CPU data (under the Triton interpreter), returning
-    "npu" tensors.  The dispatcher reaching the wrapper is the evidence."""
+    real function on the CPU data (under the Triton interpreter), returning
+    "npu" tensors (``passthrough``: arguments and result as they are, for a
+    planning function).  The dispatcher reaching the wrapper is the evidence."""
     real: Callable = getattr(module, name)
 
     def launcher(*args, **kwargs):
         calls.append(f"{module.__name__}.{name}")
+        if passthrough:
+            return real(*args, **kwargs)
         out = real(*[to_cpu(a) for a in args], **{k: to_cpu(v) for k, v in kwargs.items()})
         return _wrap(out)
 

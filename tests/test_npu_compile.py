@@ -27,7 +27,7 @@ NPU_BRANCHES = [
     ("fwd_blocked_kernel", {}),
     ("bwd_tile_kernel", {}),
     ("bwd_blocked_kernel", {}),
-    ("_reduce_kernel", {}),
+    ("reduce_param_grads_kernel", {}),
     *[
         ("_rope_kernel", {"BACKWARD": b, "COPY_PASS": c, "HEADS_FIT": f})
         for b, c, f in itertools.product((False, True), repeat=3)
@@ -70,7 +70,7 @@ def test_launch_specs_reach_every_npu_kernel_branch(tmp_path):
         if not any(s["kernel"] == kernel and flags.items() <= s["constexprs"].items() for s in planned)
     ]
     assert not missing, f"no recorded NPU launch of {missing}: add a shape to tests/npu_launch_specs.py"
-    x_types = {next(iter(s["signature"].values())) for s in planned if s["kernel"] != "_reduce_kernel"}
+    x_types = {next(iter(s["signature"].values())) for s in planned if s["kernel"] != "reduce_param_grads_kernel"}
     assert {"*fp32", "*bf16", "*fp16"} <= x_types
 
 

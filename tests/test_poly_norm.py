@@ -11,13 +11,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.poly_norm import cuda, launch, reference
-from tests.helpers import DEVICE, FLOAT_DTYPES, assert_close_to_ref, assert_close_to_scale
+from csrc_free_ops.poly_norm import launch, plan, reference
+from tests.helpers import (
+    ALL_DTYPES,
+    DEVICE,
+    assert_close_to_ref,
+    assert_close_to_scale,
+    compute_dtype,
+)
 
 # Rows of up to MAX_ROW_BLOCK elements run in one piece; wider rows take the
 # column-blocked kernels, so draw some of those too.
 SMALL_H = st.integers(2, 300)
-BLOCKED_H = st.integers(cuda.MAX_ROW_BLOCK + 1, cuda.MAX_ROW_BLOCK + 700)
+BLOCKED_H = st.integers(plan.MAX_ROW_BLOCK + 1, plan.MAX_ROW_BLOCK + 700)
 
 
 def make_input(shape, dtype, layout, device=DEVICE):
@@ -34,9 +40,9 @@ def make_input(shape, dtype, layout, device=DEVICE):
     raise ValueError(layout)
 
 
-def make_params(dtype, bias_shape=(1,)):
+def make_params(dtype, bias_shape=(1,), bias_dtype=None):
     weight = torch.randn(3, dtype=dtype, device=DEVICE)
-    bias = torch.randn(bias_shape, dtype=dtype, device=DEVICE)
+    bias = torch.randn(bias_shape, dtype=bias_dtype or dtype, device=DEVICE)
     return weight, bias
 
 
@@ -65,11 +71,14 @@ def grad_term_scales(x, weight, dy, eps):
     return dx_scale, torch.stack(dw_scale), g.abs().sum().reshape(1)
 
 
-def assert_grads_close(grads, refs, x, weight, dy, eps, dtype):
-    """(dx, dweight, dbias) against the float64 reference, bounded relative to grad_term_scales."""
+def assert_grads_close(grads, refs, x, weight, dy, eps, dtype=None):
+    """(dx, dweight, dbias) against the float64 reference, bounded relative to
+    grad_term_scales; each gradient is held to its own dtype's bound, its
+    sums to the compute dtype's (float64 for float64 x, else float32)."""
+    compute = compute_dtype(x.dtype)
     for out, ref, scale, what in zip(grads, refs, grad_term_scales(x, weight, dy, eps), ("dx", "dweight", "dbias"),
                                      strict=True):  # fmt: skip
-        assert_close_to_scale(out, ref, scale, dtype, what)
+        assert_close_to_scale(out, ref, scale, out.dtype, what, compute)
 
 
 shapes = st.tuples(
@@ -80,16 +89,20 @@ shapes = st.tuples(
 
 @given(
     shape=shapes,
-    dtype=st.sampled_from(FLOAT_DTYPES),
+    dtype=st.sampled_from(ALL_DTYPES),
+    param_dtype=st.sampled_from(ALL_DTYPES),
     layout=st.sampled_from(["contiguous", "strided_last", "transposed"]),
     bias_shape=st.sampled_from([(1,), ()]),
     eps=st.sampled_from([1e-6, 1e-5]),
 )
-def test_forward_and_gradients_match_float64_reference(shape, dtype, layout, bias_shape, eps):
+def test_forward_and_gradients_match_float64_reference(shape, dtype, param_dtype, layout, bias_shape, eps):
+    """Any data dtype with parameters of any dtype (fp32 master weights under
+    bf16 activations, float64 for gradcheck): y in x's dtype, each gradient in
+    its input's dtype, all against float64."""
     if layout == "transposed" and len(shape) < 2:
         layout = "contiguous"
     x = make_input(shape, dtype, layout).requires_grad_()
-    weight, bias = make_params(dtype, bias_shape)
+    weight, bias = make_params(param_dtype, bias_shape)
     weight.requires_grad_()
     bias.requires_grad_()
     dy = torch.randn(shape, dtype=dtype, device=DEVICE)
@@ -99,9 +112,10 @@ def test_forward_and_gradients_match_float64_reference(shape, dtype, layout, bia
 
     y_ref, (dx_ref, dw_ref, db_ref) = reference_grads(x, weight, bias, dy, eps)
     assert y.dtype == dtype and y.shape == x.shape
+    assert (dx.dtype, dw.dtype, db.dtype) == (dtype, param_dtype, param_dtype)
     assert_close_to_ref(y, y_ref, dtype, "y")
     assert db.shape == bias.shape
-    assert_grads_close((dx, dw, db), (dx_ref, dw_ref, db_ref), x, weight, dy, eps, dtype)
+    assert_grads_close((dx, dw, db), (dx_ref, dw_ref, db_ref), x, weight, dy, eps)
 
 
 def test_closed_form_backward_matches_autograd_of_reference():
@@ -116,7 +130,7 @@ def test_closed_form_backward_matches_autograd_of_reference():
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("n_cols", [50, cuda.MAX_ROW_BLOCK + 5])
+@pytest.mark.parametrize("n_cols", [50, plan.MAX_ROW_BLOCK + 5])
 def test_backward_is_bitwise_deterministic(n_cols):
     x = torch.randn(23, n_cols, device=DEVICE, dtype=torch.bfloat16)
     weight, bias = make_params(torch.bfloat16)
@@ -129,7 +143,7 @@ def test_backward_is_bitwise_deterministic(n_cols):
 
 def test_weight_gradient_sums_over_all_rows():
     """More rows than backward programs: every row's contribution lands."""
-    rows = 2 * device.num_sms(torch.device(DEVICE)) * cuda.BWD_PROGRAMS_PER_SM + 5
+    rows = 2 * device.num_sms(torch.device(DEVICE)) * plan.BWD_PROGRAMS_PER_SM + 5
     x = torch.randn(rows, 16, device=DEVICE, dtype=torch.float32)
     weight, bias = make_params(torch.float32)
     dy = torch.randn_like(x)
@@ -181,13 +195,13 @@ BAD_CALLS = [
     ("weight must have shape (3,)", lambda: (_x(), _t(1, 3), B())),
     ("bias must have shape (1,) or ()", lambda: (_x(), W(), _t(2))),
     ("bias must have shape (1,) or ()", lambda: (_x(), W(), _t(1, 1))),
-    ("weight has dtype", lambda: (_x(), _t(3, dtype=torch.float16), B())),
-    ("bias has dtype", lambda: (_x(), W(), _t(1, dtype=torch.bfloat16))),
+    ("weight must be float32, bfloat16, float16 or float64", lambda: (_x(), _t(3, dtype=torch.int32), B())),
+    ("bias must be float32, bfloat16, float16 or float64", lambda: (_x(), W(), _t(1, dtype=torch.int64))),
     ("weight is on", lambda: (_x(), _t(3, device="meta"), B())),
+    ("bias is on", lambda: (_x(), W(), _t(1, device="meta"))),
     ("non-empty last dimension", lambda: (_t(4, 0), W(), B())),
     ("non-empty last dimension", lambda: (_t(), W(), B())),
-    ("x must be float32, bfloat16 or float16", lambda: (_t(2, 8, dtype=torch.int32), W(), B())),
-    ("x must be float32, bfloat16 or float16", lambda: (_x().double(), W().double(), B().double())),
+    ("x must be float32, bfloat16, float16 or float64", lambda: (_t(2, 8, dtype=torch.int32), W(), B())),
 ]
 
 
@@ -204,11 +218,25 @@ def test_bad_eps_raises(eps):
         torch.ops.liger.poly_norm(_x(), weight, bias, eps)
 
 
-def test_backward_op_rejects_mismatched_grad():
-    x = _x()
-    weight, _ = make_params(torch.float32)
-    with pytest.raises(ValueError, match="grad_out shape"):
-        torch.ops.liger.poly_norm_backward(torch.randn(2, 9, device=DEVICE), x, weight, 1e-6)
+BAD_BACKWARD_CALLS = [
+    # (message, (grad_out, x, weight, eps)): the cases the backward op once accepted (issue 23).
+    ("grad_out shape", lambda: (_t(2, 9), _x(), W(), 1e-6)),
+    ("weight must have shape (3,)", lambda: (_x(), _x(), _t(2), 1e-6)),
+    ("weight is on", lambda: (_x(), _x(), _t(3, device="meta"), 1e-6)),
+    ("grad_out is on", lambda: (_t(2, 8, device="meta"), _x(), W(), 1e-6)),
+    ("eps must be", lambda: (_x(), _x(), W(), -1.0)),
+    ("x must be float32, bfloat16, float16 or float64", lambda: (_x(), _t(2, 8, dtype=torch.int32), W(), 1e-6)),
+    ("grad_out must be float32", lambda: (_t(2, 8, dtype=torch.int32), _x(), W(), 1e-6)),
+    ("weight must be float32", lambda: (_x(), _x(), _t(3, dtype=torch.int32), 1e-6)),
+    ("non-empty last dimension", lambda: (_t(4, 0), _t(4, 0), W(), 1e-6)),
+    ("non-empty last dimension", lambda: (_t(), _t(), W(), 1e-6)),
+]
+
+
+@pytest.mark.parametrize(("message", "make_args"), BAD_BACKWARD_CALLS)
+def test_backward_op_validates_its_inputs(message, make_args):
+    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
+        torch.ops.liger.poly_norm_backward(*make_args())
 
 
 def test_cuda_forward_runs_one_program_per_row_without_a_loop():
@@ -216,11 +244,52 @@ def test_cuda_forward_runs_one_program_per_row_without_a_loop():
     loop is kept exactly when there are fewer programs than row blocks (the
     NPU tests cover that grid-stride form)."""
     for n_rows in (1, 37, 5000):
-        p = cuda.plan(n_rows, 300, False, 132, cuda.MAX_ROW_BLOCK)
+        p = plan.cuda(n_rows, 300, False, 132)
         assert (p.whole_rows, p.block_m, p.programs) == (True, 1, n_rows)
-        assert not launch.walks_row_blocks(p, n_rows)
-    assert launch.walks_row_blocks(launch.Plan(True, 4, 64, 3, ()), 13)  # 4 blocks, 3 programs
-    assert not launch.walks_row_blocks(launch.Plan(True, 4, 64, 4, ()), 13)
+        assert not p.walks_row_blocks(n_rows)
+    assert plan.Plan(True, 4, 64, 3).walks_row_blocks(13)  # 4 blocks, 3 programs
+    assert not plan.Plan(True, 4, 64, 4).walks_row_blocks(13)
+
+
+def test_blocked_kernels_through_the_launch_sequence():
+    """The column-blocked kernels on narrow rows: the launch sequence takes
+    any Plan as data, which is how tests reach a path without its shapes."""
+    x = torch.randn(6, 200, device=DEVICE)
+    weight, bias = make_params(torch.float32)
+    dy = torch.randn_like(x)
+    p = plan.Plan(whole_rows=False, block_m=1, block_n=64, programs=4, num_warps=None)
+    y = launch.forward(x, weight, bias, 1e-6, p)
+    grads = launch.backward(dy, x, weight, 1e-6, p)
+    y_ref, refs = reference_grads(x, weight, bias, dy, 1e-6)
+    assert_close_to_ref(y, y_ref, torch.float32, "y")
+    assert_grads_close(grads, refs, x, weight, dy, 1e-6)
+
+
+def test_gradcheck_and_gradgradcheck_in_float64():
+    x = torch.randn(3, 7, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    weight = torch.randn(3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    bias = torch.randn(1, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    assert torch.autograd.gradcheck(torch.ops.liger.poly_norm, (x, weight, bias))
+    assert torch.autograd.gradgradcheck(torch.ops.liger.poly_norm, (x, weight, bias))
+
+
+def test_gradient_penalty_matches_float64_reference():
+    """Double backward (issue 23): y.sum() + (dx ** 2).sum() with create_graph.
+    It once came back None with only a warning, rel error ~1."""
+
+    def penalty(fn, x, weight, bias):
+        y = fn(x, weight, bias, 1e-6)
+        (dx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        return torch.autograd.grad(y.sum() + (dx**2).sum(), (x, weight, bias))
+
+    x = torch.randn(4, 33, device=DEVICE, requires_grad=True)
+    weight, bias = (t.requires_grad_() for t in make_params(torch.float32))
+    got = penalty(torch.ops.liger.poly_norm, x, weight, bias)
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    want = penalty(reference.forward, *leaves)
+    for g, w, what in zip(got, want, ("dx", "dweight", "dbias"), strict=True):
+        assert g is not None, what
+        assert_close_to_ref(g, w, torch.float32, what)
 
 
 def test_single_column_rows():

@@ -74,21 +74,21 @@ def test_compile_fullgraph_dynamic_matches_eager_without_recompiles():
 def test_eps_reaches_the_launchers_as_a_python_float_under_compile(monkeypatch):
     """Triton types a Python float argument as fp32; a tensor or double
     scalar here would mean fp64 creeping into the kernels."""
-    from csrc_free_ops.poly_norm import cuda
+    from csrc_free_ops.poly_norm import launch
 
     seen = []
-    real_forward, real_backward = cuda.forward, cuda.backward
+    real_forward, real_backward = launch.forward, launch.backward
 
-    def forward(x, weight, bias, eps, **kw):
+    def forward(x, weight, bias, eps, p):
         seen.append(type(eps))
-        return real_forward(x, weight, bias, eps, **kw)
+        return real_forward(x, weight, bias, eps, p)
 
-    def backward(grad_out, x, weight, eps, **kw):
+    def backward(grad_out, x, weight, eps, p):
         seen.append(type(eps))
-        return real_backward(grad_out, x, weight, eps, **kw)
+        return real_backward(grad_out, x, weight, eps, p)
 
-    monkeypatch.setattr(cuda, "forward", forward)
-    monkeypatch.setattr(cuda, "backward", backward)
+    monkeypatch.setattr(launch, "forward", forward)
+    monkeypatch.setattr(launch, "backward", backward)
     torch._dynamo.reset()
     compiled = torch.compile(_model, fullgraph=True, dynamic=True)
     x, weight, bias = _args((4, 6, 24), torch.float32, True)

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.poly_norm import npu
-from tests.helpers import FLOAT_DTYPES, assert_close_to_ref, simulate_ascend
+from csrc_free_ops.poly_norm import launch, plan
+from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, assert_close_to_ref, simulate_ascend
 from tests.privateuse1_backend import run_scenario
 from tests.test_poly_norm import assert_grads_close, reference_grads
 
@@ -30,16 +30,17 @@ def ascend(request, monkeypatch):
 
 def _check(x, weight, bias, dy, eps=1e-6):
     dtype = x.dtype
-    y = npu.forward(x, weight, bias, eps)
-    dx, dw, db = npu.backward(dy, x, weight, eps)
+    y = launch.npu_forward(x, weight, bias, eps)
+    dx, dw, db = launch.npu_backward(dy, x, weight, eps)
     y_ref, (dx_ref, dw_ref, db_ref) = reference_grads(x, weight, bias, dy, eps)
     assert_close_to_ref(y, y_ref, dtype, "y")
     # The launcher's dbias is (1,).
-    assert_grads_close((dx, dw, db), (dx_ref, dw_ref, db_ref.reshape(1)), x, weight, dy, eps, dtype)
+    assert_grads_close((dx, dw, db), (dx_ref, dw_ref, db_ref.reshape(1)), x, weight, dy, eps)
 
 
 def _plan(n_rows, n_cols, dtype, backward):
-    return npu.plan(n_rows, n_cols, torch.tensor([], dtype=dtype).element_size(), backward)
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    return plan.npu(n_rows, n_cols, itemsize, backward, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -69,7 +70,7 @@ def test_npu_launchers_any_shape_any_budget(n_rows, n_cols, dtype, ub, cores):
         for backward in (False, True):
             p = _plan(n_rows, n_cols, dtype, backward)
             assert 1 <= p.programs <= min(cores, device.NPU_MAX_GRID)
-            assert p.options == ()  # no num_warps / num_stages on the NPU
+            assert (p.num_warps, p.loop_stages) == (None, plan.NPU_LOOP_STAGES)  # no num_warps on the NPU
 
 
 def test_both_kernels_are_planned(ascend):
@@ -81,29 +82,31 @@ def test_both_kernels_are_planned(ascend):
 
 
 def test_tile_is_the_largest_that_fits_the_ub(ascend):
-    for n_inputs, temps in ((1, npu.FWD_FP32_TEMPS), (2, npu.BWD_FP32_TEMPS)):
-        for dtype in FLOAT_DTYPES:
+    for backward, n_inputs, temps in ((False, 1, plan.NPU_FWD_TEMPS), (True, 2, plan.NPU_BWD_TEMPS)):
+        for dtype in ALL_DTYPES:
             elem = torch.tensor([], dtype=dtype).element_size()
-            tile = npu.tile_elements(n_inputs, elem, temps)
-            assert tile * (n_inputs * elem + 4 * temps) <= device.npu_ub_bytes()
-            assert 2 * tile * (n_inputs * elem + 4 * temps) > device.npu_ub_bytes()
+            compute = 8 if dtype == torch.float64 else 4
+            tile = plan.npu_tile_elements(backward, elem, compute, device.npu_ub_bytes())
+            cost = n_inputs * elem + compute * temps
+            assert tile * cost <= device.npu_ub_bytes() < 2 * tile * cost
 
 
 def test_npu_backward_is_bitwise_deterministic(ascend):
     x = torch.randn(40, 300, dtype=torch.float16)
     weight = torch.randn(3, dtype=torch.float16)
     dy = torch.randn_like(x)
-    first = npu.backward(dy, x, weight, 1e-6)
-    second = npu.backward(dy, x, weight, 1e-6)
+    first = launch.npu_backward(dy, x, weight, 1e-6)
+    second = launch.npu_backward(dy, x, weight, 1e-6)
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
 
 
 def test_npu_kernels_pass_no_warps_or_stages():
-    """triton-ascend ignores num_warps / num_stages; NPU plans pass no launch options."""
+    """triton-ascend ignores num_warps / num_stages: NPU plans pass no launch options, and one-stage loops."""
     for n_rows, n_cols in [(1, 8), (37, 48), (7, 2500), (3, 100_000)]:
         for backward in (False, True):
-            assert _plan(n_rows, n_cols, torch.bfloat16, backward).options == ()
+            p = _plan(n_rows, n_cols, torch.bfloat16, backward)
+            assert (p.num_warps, p.loop_stages) == (None, plan.NPU_LOOP_STAGES)
 
 
 # --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)
@@ -111,13 +114,14 @@ def test_npu_kernels_pass_no_warps_or_stages():
 
 def dispatch_scenario() -> None:
     import registrations  # noqa: F401
-    from csrc_free_ops.poly_norm import npu as npu_launchers
+    from csrc_free_ops.poly_norm import launch as launch_mod
     from tests import privateuse1_backend as backend
 
     backend.install()
     calls: list[str] = []
-    backend.spy_on(npu_launchers, "forward", calls)
-    backend.spy_on(npu_launchers, "backward", calls)
+    backend.spy_on(launch_mod, "forward", calls)
+    backend.spy_on(launch_mod, "backward", calls)
+    backend.spy_on(plan, "npu", calls, passthrough=True)
     x, weight, bias, dy = torch.randn(3, 5, 40), torch.randn(3), torch.randn(1), torch.randn(3, 5, 40)
     leaves = [backend.to_npu(t).requires_grad_() for t in (x, weight, bias)]
     y = torch.ops.liger.poly_norm(*leaves, 1e-6)
@@ -133,5 +137,10 @@ def test_privateuse1_dispatch_reaches_npu_launchers():
     out = json.loads(run_scenario("tests.test_poly_norm_npu", "dispatch_scenario").strip().splitlines()[-1])
     assert out["device"] == "npu:0"
     assert out["grad_devices"] == ["npu:0"] * 3
-    assert out["calls"] == ["csrc_free_ops.poly_norm.npu.forward", "csrc_free_ops.poly_norm.npu.backward"]
+    assert out["calls"] == [
+        "csrc_free_ops.poly_norm.plan.npu",
+        "csrc_free_ops.poly_norm.launch.forward",
+        "csrc_free_ops.poly_norm.plan.npu",
+        "csrc_free_ops.poly_norm.launch.backward",
+    ]
     assert all(e < 1e-5 for e in out["errors"]), out["errors"]

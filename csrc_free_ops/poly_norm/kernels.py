@@ -1,191 +1,269 @@
-"""PolyNorm Triton kernels, shared by the CUDA and NPU launchers, which differ
-only in launch policy (tile shape, grid size, warps).
+"""Every Triton kernel of PolyNorm, shared by the CUDA and NPU launches, which
+differ only in their Plan (plan.py: tile shape, grid, warps).
 
-* Tile kernels hold BLOCK_M whole rows at once and walk row blocks with a grid
-  stride.  CUDA launches them with BLOCK_M = 1 and one program per row
-  (forward, which then runs without the loop) or a few programs per SM
-  (backward); the NPU with BLOCK_M rows sized from the unified buffer and one
-  program per vector core.
+* Tile kernels hold BLOCK_M whole rows at once and walk row blocks with a
+  grid stride (GRID_STRIDE) or take one row block per program.  CUDA
+  launches BLOCK_M = 1 with one program per row forward (loop-free) and a
+  few programs per SM backward; the NPU BLOCK_M rows sized from the unified
+  buffer and one program per vector core.
 * Blocked kernels take rows too long for one tile: one row at a time, in
   column blocks of BLOCK_N, two passes (statistics, then output).
+* ``reduce_param_grads_kernel`` sums the backward's per-program partials.
 
-Backward kernels write one float32 partial per program of (dw_cubic,
-dw_square, dw_linear, dbias) into PARTIAL[pid]; ``param_grads`` sums them in a
-fixed order, so gradients are deterministic (no atomics, no shared slots).
+Math runs in COMPUTE (float32, or float64 for float64 x); every load is
+converted to it, so parameters may have any float dtype.  With
+r_k = rsqrt(mean(x^(2k)) + eps) and a_k = w_k * r_k:
+
+    y  = x*(a1 + x*(a2 + x*a3)) + b
+    dx = dy*(a1 + 2*a2*x + 3*a3*x^2) - x*(c1 + 2*c2*x^2 + 3*c3*x^4)
+    c_k = a_k * r_k^2 * S_k / n,  S_k = sum(dy * x^k)
+
+The device functions are elementwise with broadcasting, so they serve a 1-D
+row (scalar statistics) and a 2-D tile of rows (statistics of shape [M, 1]).
+
+Backward kernels write one partial row per program into ``partials``
+(layout: ``PARTIAL_FIELDS``); ``reduce_param_grads_kernel`` sums them in
+program order, so gradients are deterministic (no atomics).
 """
 
 import triton
 import triton.language as tl
 
-from csrc_free_ops.poly_norm import row_math
+# The backward's partials: one row of these per program, in this order.
+PARTIAL_FIELDS = ("dw_cubic", "dw_square", "dw_linear", "dbias")
+N_PARTIALS = tl.constexpr(len(PARTIAL_FIELDS))
 
 
 @triton.jit
-def _fwd_tile(X, Y, blk, stride_xm, stride_xn, stride_ym, n_rows, n_cols, inv_n, eps, w3, w2, w1, b,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def _load_params(weight, bias, COMPUTE: tl.constexpr):
+    """(w_cubic, w_square, w_linear, bias) as COMPUTE scalars."""
+    w3 = tl.load(weight).to(COMPUTE)
+    w2 = tl.load(weight + 1).to(COMPUTE)
+    w1 = tl.load(weight + 2).to(COMPUTE)
+    b = tl.load(bias).to(COMPUTE)
+    return w3, w2, w1, b
+
+
+@triton.jit
+def _rstds(s2, s4, s6, inv_n, eps):
+    """rsqrt(mean(x^2k) + eps) for k = 1, 2, 3 from the sums of x^2, x^4, x^6."""
+    r1 = tl.math.rsqrt(s2 * inv_n + eps)
+    r2 = tl.math.rsqrt(s4 * inv_n + eps)
+    r3 = tl.math.rsqrt(s6 * inv_n + eps)
+    return r1, r2, r3
+
+
+@triton.jit
+def _backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n):
+    """(a1, a2, a3, c1, c2, c3) of ``_backward_values``."""
+    a1 = w1 * r1
+    a2 = w2 * r2
+    a3 = w3 * r3
+    return a1, a2, a3, a1 * r1 * r1 * s1 * inv_n, a2 * r2 * r2 * s2 * inv_n, a3 * r3 * r3 * s3 * inv_n
+
+
+@triton.jit
+def _forward_values(x, a1, a2, a3, b):
+    return x * (a1 + x * (a2 + x * a3)) + b
+
+
+@triton.jit
+def _backward_values(x, dy, a1, a2, a3, c1, c2, c3):
+    x2 = x * x
+    return dy * (a1 + x * (2.0 * a2 + 3.0 * a3 * x)) - x * (c1 + x2 * (2.0 * c2 + 3.0 * c3 * x2))
+
+
+@triton.jit
+def _inv_n(n_cols, COMPUTE: tl.constexpr):
+    return 1.0 / tl.cast(n_cols, COMPUTE)
+
+
+@triton.jit
+def _fwd_tile(x, y, blk, stride_x_row, stride_x_col, stride_y_row, n_rows, n_cols, inv_n, eps, w3, w2, w1, b,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
     """y for the rows of row block blk."""
     cols = tl.arange(0, BLOCK_N)[None, :]
     rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     mask = (rows < n_rows) & (cols < n_cols)
-    x = tl.load(X + rows * stride_xm + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)
-    x2 = x * x
-    r1, r2, r3 = row_math.rstds(
+    xv = tl.load(x + rows * stride_x_row + cols * stride_x_col, mask=mask, other=0.0).to(COMPUTE)
+    x2 = xv * xv
+    r1, r2, r3 = _rstds(
         tl.sum(x2, axis=1)[:, None], tl.sum(x2 * x2, axis=1)[:, None], tl.sum(x2 * x2 * x2, axis=1)[:, None],
         inv_n, eps,
     )  # fmt: skip
-    y = row_math.forward_values(x, w1 * r1, w2 * r2, w3 * r3, b)
-    tl.store(Y + rows * stride_ym + cols, y.to(Y.dtype.element_ty), mask=mask)
+    out = _forward_values(xv, w1 * r1, w2 * r2, w3 * r3, b)
+    tl.store(y + rows * stride_y_row + cols, out.to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def fwd_tile_kernel(
-    X, W, B, Y, stride_xm, stride_xn, stride_ym, n_rows, n_cols, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_STRIDE: tl.constexpr,
+    x, weight, bias, y, stride_x_row, stride_x_col, stride_y_row, n_rows, n_cols, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_STRIDE: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """GRID_STRIDE: programs walk the row blocks with a grid stride; else
     there is one program per row block (no loop, which on CUDA saves up to
     half a microsecond of a 7 us forward).  The launch sequence derives it
     from the grid, so no plan can leave rows unwritten."""
-    inv_n = 1.0 / n_cols
-    w3, w2, w1, b = row_math.load_params(W, B)
+    inv_n = _inv_n(n_cols, COMPUTE)
+    w3, w2, w1, b = _load_params(weight, bias, COMPUTE)
     if GRID_STRIDE:
         for blk in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
-            _fwd_tile(X, Y, blk, stride_xm, stride_xn, stride_ym, n_rows, n_cols, inv_n, eps, w3, w2, w1, b,
-                      BLOCK_M, BLOCK_N)  # fmt: skip
+            _fwd_tile(x, y, blk, stride_x_row, stride_x_col, stride_y_row, n_rows, n_cols, inv_n, eps,
+                      w3, w2, w1, b, BLOCK_M, BLOCK_N, COMPUTE)  # fmt: skip
     else:
-        _fwd_tile(X, Y, tl.program_id(0), stride_xm, stride_xn, stride_ym, n_rows, n_cols, inv_n, eps, w3, w2, w1, b,
-                  BLOCK_M, BLOCK_N)  # fmt: skip
+        _fwd_tile(x, y, tl.program_id(0), stride_x_row, stride_x_col, stride_y_row, n_rows, n_cols, inv_n, eps,
+                  w3, w2, w1, b, BLOCK_M, BLOCK_N, COMPUTE)  # fmt: skip
 
 
 @triton.jit
 def fwd_blocked_kernel(
-    X, W, B, Y, stride_xm, stride_xn, stride_ym, n_rows, n_cols, eps,
-    BLOCK_N: tl.constexpr,
+    x, weight, bias, y, stride_x_row, stride_x_col, stride_y_row, n_rows, n_cols, eps,
+    BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    inv_n = 1.0 / n_cols
-    w3, w2, w1, b = row_math.load_params(W, B)
+    inv_n = _inv_n(n_cols, COMPUTE)
+    w3, w2, w1, b = _load_params(weight, bias, COMPUTE)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
-        x_row = X + row64 * stride_xm
-        s2 = 0.0
-        s4 = 0.0
-        s6 = 0.0
+        x_row = x + row64 * stride_x_row
+        s2 = tl.cast(0.0, COMPUTE)
+        s4 = tl.cast(0.0, COMPUTE)
+        s6 = tl.cast(0.0, COMPUTE)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            x = tl.load(x_row + cols * stride_xn, mask=cols < n_cols, other=0.0).to(tl.float32)
-            x2 = x * x
+            xv = tl.load(x_row + cols * stride_x_col, mask=cols < n_cols, other=0.0).to(COMPUTE)
+            x2 = xv * xv
             s2 += tl.sum(x2)
             s4 += tl.sum(x2 * x2)
             s6 += tl.sum(x2 * x2 * x2)
-        r1, r2, r3 = row_math.rstds(s2, s4, s6, inv_n, eps)
+        r1, r2, r3 = _rstds(s2, s4, s6, inv_n, eps)
         a1 = w1 * r1
         a2 = w2 * r2
         a3 = w3 * r3
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            x = tl.load(x_row + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)
-            y = row_math.forward_values(x, a1, a2, a3, b)
-            tl.store(Y + row64 * stride_ym + cols, y.to(Y.dtype.element_ty), mask=mask)
+            xv = tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(COMPUTE)
+            out = _forward_values(xv, a1, a2, a3, b)
+            tl.store(y + row64 * stride_y_row + cols, out.to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _store_partial(PARTIAL, dw1, dw2, dw3, db):
-    out = PARTIAL + tl.program_id(0) * 4
-    tl.store(out, dw3)
-    tl.store(out + 1, dw2)
-    tl.store(out + 2, dw1)
-    tl.store(out + 3, db)
+def _store_partials(partials, dw1, dw2, dw3, db):
+    """This program's row of ``partials``, in PARTIAL_FIELDS order."""
+    row = partials + tl.program_id(0) * N_PARTIALS
+    tl.store(row, dw3)
+    tl.store(row + 1, dw2)
+    tl.store(row + 2, dw1)
+    tl.store(row + 3, db)
 
 
 @triton.jit
 def bwd_tile_kernel(
-    DY, X, W, DX, PARTIAL,
-    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
+    grad_out, x, weight, dx, partials,
+    stride_dy_row, stride_dy_col, stride_x_row, stride_x_col, stride_dx_row,
     n_rows, n_cols, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK_N)[None, :]
-    inv_n = 1.0 / n_cols
-    w3, w2, w1, _ = row_math.load_params(W, W)
-    dw1 = 0.0
-    dw2 = 0.0
-    dw3 = 0.0
-    db = 0.0
+    inv_n = _inv_n(n_cols, COMPUTE)
+    w3, w2, w1, _ = _load_params(weight, weight, COMPUTE)
+    dw1 = tl.cast(0.0, COMPUTE)
+    dw2 = tl.cast(0.0, COMPUTE)
+    dw3 = tl.cast(0.0, COMPUTE)
+    db = tl.cast(0.0, COMPUTE)
     # LOOP_STAGES > 1 software-pipelines the loads of the next row block (CUDA).
     for blk in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=LOOP_STAGES):
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         mask = (rows < n_rows) & (cols < n_cols)
-        x = tl.load(X + rows * stride_xm + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows * stride_dym + cols * stride_dyn, mask=mask, other=0.0).to(tl.float32)
-        x2 = x * x
-        x3 = x2 * x
-        r1, r2, r3 = row_math.rstds(
+        xv = tl.load(x + rows * stride_x_row + cols * stride_x_col, mask=mask, other=0.0).to(COMPUTE)
+        dy = tl.load(grad_out + rows * stride_dy_row + cols * stride_dy_col, mask=mask, other=0.0).to(COMPUTE)
+        x2 = xv * xv
+        x3 = x2 * xv
+        r1, r2, r3 = _rstds(
             tl.sum(x2, axis=1)[:, None], tl.sum(x2 * x2, axis=1)[:, None], tl.sum(x3 * x3, axis=1)[:, None],
             inv_n, eps,
         )  # fmt: skip
-        s1 = tl.sum(dy * x, axis=1)[:, None]
+        s1 = tl.sum(dy * xv, axis=1)[:, None]
         s2 = tl.sum(dy * x2, axis=1)[:, None]
         s3 = tl.sum(dy * x3, axis=1)[:, None]
-        a1, a2, a3, c1, c2, c3 = row_math.backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n)
-        dx = row_math.backward_values(x, dy, a1, a2, a3, c1, c2, c3)
-        tl.store(DX + rows * stride_dxm + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        a1, a2, a3, c1, c2, c3 = _backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n)
+        dxv = _backward_values(xv, dy, a1, a2, a3, c1, c2, c3)
+        tl.store(dx + rows * stride_dx_row + cols, dxv.to(dx.dtype.element_ty), mask=mask)
         # Rows past n_rows loaded zeros, so their s_k and sum(dy) are 0.
         dw1 += tl.sum(r1 * s1)
         dw2 += tl.sum(r2 * s2)
         dw3 += tl.sum(r3 * s3)
         db += tl.sum(dy)
-    _store_partial(PARTIAL, dw1, dw2, dw3, db)
+    _store_partials(partials, dw1, dw2, dw3, db)
 
 
 @triton.jit
 def bwd_blocked_kernel(
-    DY, X, W, DX, PARTIAL,
-    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
+    grad_out, x, weight, dx, partials,
+    stride_dy_row, stride_dy_col, stride_x_row, stride_x_col, stride_dx_row,
     n_rows, n_cols, eps,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    inv_n = 1.0 / n_cols
-    w3, w2, w1, _ = row_math.load_params(W, W)
-    dw1 = 0.0
-    dw2 = 0.0
-    dw3 = 0.0
-    db = 0.0
+    inv_n = _inv_n(n_cols, COMPUTE)
+    w3, w2, w1, _ = _load_params(weight, weight, COMPUTE)
+    dw1 = tl.cast(0.0, COMPUTE)
+    dw2 = tl.cast(0.0, COMPUTE)
+    dw3 = tl.cast(0.0, COMPUTE)
+    db = tl.cast(0.0, COMPUTE)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
-        x_row = X + row64 * stride_xm
-        dy_row = DY + row64 * stride_dym
-        sum_dy = 0.0
-        m2 = 0.0
-        m4 = 0.0
-        m6 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
+        x_row = x + row64 * stride_x_row
+        dy_row = grad_out + row64 * stride_dy_row
+        sum_dy = tl.cast(0.0, COMPUTE)
+        m2 = tl.cast(0.0, COMPUTE)
+        m4 = tl.cast(0.0, COMPUTE)
+        m6 = tl.cast(0.0, COMPUTE)
+        s1 = tl.cast(0.0, COMPUTE)
+        s2 = tl.cast(0.0, COMPUTE)
+        s3 = tl.cast(0.0, COMPUTE)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            x = tl.load(x_row + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols * stride_dyn, mask=mask, other=0.0).to(tl.float32)
-            x2 = x * x
+            xv = tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(COMPUTE)
+            dy = tl.load(dy_row + cols * stride_dy_col, mask=mask, other=0.0).to(COMPUTE)
+            x2 = xv * xv
             sum_dy += tl.sum(dy)
             m2 += tl.sum(x2)
             m4 += tl.sum(x2 * x2)
             m6 += tl.sum(x2 * x2 * x2)
-            s1 += tl.sum(dy * x)
+            s1 += tl.sum(dy * xv)
             s2 += tl.sum(dy * x2)
-            s3 += tl.sum(dy * x2 * x)
-        r1, r2, r3 = row_math.rstds(m2, m4, m6, inv_n, eps)
-        a1, a2, a3, c1, c2, c3 = row_math.backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n)
+            s3 += tl.sum(dy * x2 * xv)
+        r1, r2, r3 = _rstds(m2, m4, m6, inv_n, eps)
+        a1, a2, a3, c1, c2, c3 = _backward_coefficients(w1, w2, w3, r1, r2, r3, s1, s2, s3, inv_n)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            x = tl.load(x_row + cols * stride_xn, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols * stride_dyn, mask=mask, other=0.0).to(tl.float32)
-            dx = row_math.backward_values(x, dy, a1, a2, a3, c1, c2, c3)
-            tl.store(DX + row64 * stride_dxm + cols, dx.to(DX.dtype.element_ty), mask=mask)
+            xv = tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(COMPUTE)
+            dy = tl.load(dy_row + cols * stride_dy_col, mask=mask, other=0.0).to(COMPUTE)
+            dxv = _backward_values(xv, dy, a1, a2, a3, c1, c2, c3)
+            tl.store(dx + row64 * stride_dx_row + cols, dxv.to(dx.dtype.element_ty), mask=mask)
         dw1 += r1 * s1
         dw2 += r2 * s2
         dw3 += r3 * s3
         db += sum_dy
-    _store_partial(PARTIAL, dw1, dw2, dw3, db)
+    _store_partials(partials, dw1, dw2, dw3, db)
+
+
+@triton.jit
+def reduce_param_grads_kernel(partials, dweight, dbias, n_programs, BLOCK_P: tl.constexpr):
+    """dweight (3,) and dbias (1,) from the (programs, N_PARTIALS) partials,
+    summed in program order in the partials' dtype (one program)."""
+    acc = tl.zeros([BLOCK_P, N_PARTIALS], dtype=partials.dtype.element_ty)
+    fields = tl.arange(0, N_PARTIALS)
+    for start in range(0, n_programs, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)[:, None]
+        acc += tl.load(partials + rows * N_PARTIALS + fields[None, :], mask=rows < n_programs, other=0.0)
+    # float64 sums (float64 x) reach 16-bit parameters through float32: the
+    # interpreter's direct float64 -> bfloat16 cast gives garbage.
+    sums = tl.sum(acc, axis=0)
+    if dweight.dtype.element_ty != tl.float64:
+        sums = sums.to(tl.float32)
+    tl.store(dweight + fields, sums.to(dweight.dtype.element_ty), mask=fields < 3)
+    # dbias as a scalar: triton-ascend rejects the masked-off negative offsets of dbias + fields - 3.
+    tl.store(dbias, tl.sum(tl.where(fields == 3, sums, 0.0)).to(dbias.dtype.element_ty))

@@ -1,55 +1,55 @@
-"""The PolyNorm launch sequence, shared by the CUDA and NPU launchers: they
-differ only in the Plan (kernel choice, tile, grid, launch options)."""
+"""The PolyNorm launch sequence, one for every backend, taking a Plan as data,
+and the entry of each dispatch key (registrations/poly_norm.py binds them):
+
+* ``cuda_forward`` / ``cuda_backward``: ``plan.cuda`` for the tensors' GPU
+  (also the CPU interpreter path, which sizes grids by ``device.CPU_PROGRAMS``);
+* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
+import triton.language as tl
 
-from csrc_free_ops.host_math import cdiv
+from csrc_free_ops import device
+from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.launcher import Launcher
-from csrc_free_ops.poly_norm import kernels, param_grads
+from csrc_free_ops.poly_norm import kernels, plan
+from csrc_free_ops.poly_norm.plan import Plan
+
+# Most partial rows the reduction reads per step.
+MAX_REDUCE_BLOCK = 1024
 
 
-class Plan(NamedTuple):
-    whole_rows: bool  # tile kernel (BLOCK_M whole rows) or the column-blocked kernel
-    block_m: int
-    block_n: int
-    programs: int
-    options: tuple[tuple[str, int], ...]  # extra launch options (num_warps on CUDA; none on the NPU)
-    loop_stages: int | None = None  # pipelining depth of the backward row loop (None: the compiler's default)
+def _compute(x: torch.Tensor) -> tuple[tl.dtype, torch.dtype]:
+    """The math dtype for x, in Triton and torch terms: float64 for float64 x, else float32."""
+    return (tl.float64, torch.float64) if x.dtype == torch.float64 else (tl.float32, torch.float32)
 
 
-# (n_rows, n_cols, element size, backward) -> Plan
-Planner = Callable[[int, int, int, bool], Plan]
+def _options(p: Plan) -> dict:
+    return {} if p.num_warps is None else {"num_warps": p.num_warps}
 
 
 @functools.lru_cache(maxsize=256)
-def _launcher(
-    backward: bool, whole_rows: bool, block_m: int, block_n: int, options: tuple, loop_stages, grid_stride: bool
-) -> Launcher:
-    if not whole_rows:
+def _launcher(backward: bool, p: Plan, grid_stride: bool, compute: tl.dtype) -> Launcher:
+    meta = {"COMPUTE": compute, **_options(p)}
+    if not p.whole_rows:
         kernel = kernels.bwd_blocked_kernel if backward else kernels.fwd_blocked_kernel
-        return Launcher(kernel, BLOCK_N=block_n, **dict(options))
+        return Launcher(kernel, BLOCK_N=p.block_n, **meta)
     if backward:
         return Launcher(
-            kernels.bwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, LOOP_STAGES=loop_stages, **dict(options)
+            kernels.bwd_tile_kernel, BLOCK_M=p.block_m, BLOCK_N=p.block_n, LOOP_STAGES=p.loop_stages, **meta
         )
-    return Launcher(kernels.fwd_tile_kernel, BLOCK_M=block_m, BLOCK_N=block_n, GRID_STRIDE=grid_stride, **dict(options))
+    return Launcher(kernels.fwd_tile_kernel, BLOCK_M=p.block_m, BLOCK_N=p.block_n, GRID_STRIDE=grid_stride, **meta)
 
 
-def walks_row_blocks(p: Plan, n_rows: int) -> bool:
-    """Whether the forward tile kernel's programs must loop over row blocks
-    (fewer programs than blocks); with one program per block it runs
-    loop-free."""
-    return p.programs < cdiv(n_rows, p.block_m)
-
-
-def _launch(p: Plan, backward: bool, *args, grid_stride: bool = True) -> None:
-    _launcher(backward, p.whole_rows, p.block_m, p.block_n, p.options, p.loop_stages, grid_stride)(p.programs, *args)
+@functools.lru_cache(maxsize=64)
+def _reduce_launcher(block_p: int, num_warps: int | None) -> Launcher:
+    return Launcher(
+        kernels.reduce_param_grads_kernel, BLOCK_P=block_p, **({} if num_warps is None else {"num_warps": num_warps})
+    )
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -64,35 +64,78 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, planner: Planner) -> torch.Tensor:
+def _sizes(x: torch.Tensor) -> tuple[int, int]:
+    """(rows, columns) of x seen as rows of its last dim."""
     n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols
+    return x.numel() // n_cols, n_cols
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: Plan) -> torch.Tensor:
+    n_rows, n_cols = _sizes(x)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return y
-    p = planner(n_rows, n_cols, x.element_size(), False)
     src, stride_row, stride_col = _rows(x)
     args = (src, _contiguous(weight), bias, y, stride_row, stride_col, n_cols, n_rows, n_cols, eps)
-    _launch(p, False, *args, grid_stride=walks_row_blocks(p, n_rows))
+    _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0])(p.programs, *args)
     return y
 
 
 def backward(
-    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, planner: Planner
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dweight (3,), dbias (1,)); dweight and dbias in weight's dtype."""
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols
+    """(dx, dweight (3,), dbias (1,)); dx in x's dtype, dweight and dbias in weight's."""
+    n_rows, n_cols = _sizes(x)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         zeros = torch.zeros(4, dtype=weight.dtype, device=x.device)
         return dx, zeros[:3].clone(), zeros[3:].clone()
-    p = planner(n_rows, n_cols, x.element_size(), True)
-    # Every program stores its slot, so the buffer needs no zeroing.
-    partial = torch.empty((p.programs, 4), dtype=torch.float32, device=x.device)
+    compute, partial_dtype = _compute(x)
+    # Every program stores its row, so the buffer needs no zeroing.
+    partials = torch.empty((p.programs, kernels.N_PARTIALS.value), dtype=partial_dtype, device=x.device)
     dy, dy_row, dy_col = _rows(grad_out)
     src, x_row, x_col = _rows(x)
-    w = _contiguous(weight)
-    _launch(p, True, dy, src, w, dx, partial, dy_row, dy_col, x_row, x_col, n_cols, n_rows, n_cols, eps)
-    dweight, dbias = param_grads.reduce(partial, weight.dtype, p.options)
+    args = (dy, src, _contiguous(weight), dx, partials, dy_row, dy_col, x_row, x_col, n_cols, n_rows, n_cols, eps)
+    _launcher(True, p, True, compute)(p.programs, *args)
+    dweight = torch.empty(3, dtype=weight.dtype, device=x.device)
+    dbias = torch.empty(1, dtype=weight.dtype, device=x.device)
+    block_p = min(next_pow2(p.programs), MAX_REDUCE_BLOCK)
+    _reduce_launcher(block_p, p.num_warps)(1, partials, dweight, dbias, p.programs)
     return dx, dweight, dbias
+
+
+# --- The entries of the dispatch keys
+
+
+def cuda_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    n_rows, n_cols = _sizes(x)
+    return forward(x, weight, bias, eps, plan.cuda(n_rows, n_cols, False, device.num_sms(x.device)))
+
+
+def cuda_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n_rows, n_cols = _sizes(x)
+    return backward(grad_out, x, weight, eps, plan.cuda(n_rows, n_cols, True, device.num_sms(x.device)))
+
+
+def _npu_plan(x: torch.Tensor, backward: bool) -> Plan:
+    n_rows, n_cols = _sizes(x)
+    return plan.npu(n_rows, n_cols, x.element_size(), backward, device.npu_ub_bytes(), device.npu_vector_cores())
+
+
+def _unit_column_stride(t: torch.Tensor) -> torch.Tensor:
+    """t, copied when its last dim is not unit-stride: triton-ascend then compiles
+    the row loads as gathers that need 2-5x the UB the plan budgets (bishengir:
+    ub overflow at every planned tile), where a stride of 1 is specialized away."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def npu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return forward(_unit_column_stride(x), weight, bias, eps, _npu_plan(x, False))
+
+
+def npu_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(_unit_column_stride(grad_out), _unit_column_stride(x), weight, eps, _npu_plan(x, True))
