@@ -57,7 +57,7 @@ OVERFLOW = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits availa
 RETRIED = "Ub overflow detected"
 # hivm.hir.pointer_cast(%c32768_i64[, %c...]) : memref<8x1024xbf16, #hivm.address_space<ub>>
 UB_BUFFER = re.compile(
-    r"hivm\.hir\.pointer_cast\(([^)]*)\)\s*:\s*memref<([^,>]*?)x?(\w+)(?:,[^>]*)?,\s*#hivm\.address_space<ub>>"
+    r"hivm\.hir\.pointer_cast\(([^)]*)\)\s*:\s*memref<((?:\d+x)*)([a-z]+\d+)\b[^\n#]*#hivm\.address_space<ub>>"
 )
 ELEMENT_BITS = {"f64": 64, "i64": 64, "f32": 32, "i32": 32, "f16": 16, "bf16": 16, "i16": 16, "i8": 8, "i1": 8}
 
@@ -97,9 +97,9 @@ def _ub_high_water(hivm: str) -> int:
     top = 0
     for offsets, dims, elem in UB_BUFFER.findall(hivm):
         n = 1
-        for d in dims.split("x") if dims else ():
-            n *= int(d) if d.isdigit() else 0
-        size = n * ELEMENT_BITS.get(elem, 32) // 8
+        for d in dims.split("x")[:-1]:
+            n *= int(d)
+        size = n * ELEMENT_BITS[elem] // 8
         for off in re.findall(r"%c(\d+)_i64", offsets):
             top = max(top, int(off) + size)
     return top
