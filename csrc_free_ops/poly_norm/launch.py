@@ -93,8 +93,9 @@ def backward(
     n_rows, n_cols = _sizes(x)
     src, x_row, x_col = _rows(x)
     dx = _output_like(x, x_col == 1 and src is x)
-    # One allocation for both (the split views cost less on the host than a second one).
-    dweight, dbias = torch.empty(4, dtype=weight.dtype, device=x.device).split((3, 1))
+    # Separate allocations: views of one buffer would make the op's outputs alias each other.
+    dweight = torch.empty(3, dtype=weight.dtype, device=x.device)
+    dbias = torch.empty(1, dtype=weight.dtype, device=x.device)
     if n_rows == 0:
         return dx, dweight.zero_(), dbias.zero_()
     compute, partial_dtype = _compute(x)
