@@ -132,19 +132,25 @@ def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries)
     return op
 
 
-# Per device type, the dispatch keys of a plain dense tensor there.
-_PLAIN_KEYS: dict[str, Any] = {}
+# The dispatch keys (raw_repr) of a plain dense tensor, per device type found
+# so far, mapped to that device type.
+_PLAIN_KEYS: dict[int, str] = {}
 # The keys a thread includes in every dispatch when no transform (torch.func's
 # dynamic layers, the Python dispatcher) has added its own.
 _DEFAULT_INCLUDE = torch._C._dispatch_tls_local_include_set()
+_dispatch_keys = torch._C._dispatch_keys
+_mode_stack_depth = torch._C._len_torch_dispatch_stack
+_local_include = torch._C._dispatch_tls_local_include_set
 
 
-def _plain_keys(t: torch.Tensor) -> Any:
-    kind = t.device.type
-    keys = _PLAIN_KEYS.get(kind)
-    if keys is None:
-        keys = _PLAIN_KEYS[kind] = torch._C._dispatch_keys(torch.empty(0, device=t.device))
-    return keys
+def _plain_device_type(t: torch.Tensor, keys: Any) -> str | None:
+    """t's device type if ``keys`` (t's dispatch keys) are those of a plain
+    dense tensor on that device, else None."""
+    raw = keys.raw_repr()
+    kind = _PLAIN_KEYS.get(raw)
+    if kind is None and keys == _dispatch_keys(torch.empty(0, device=t.device)):
+        kind = _PLAIN_KEYS[raw] = t.device.type
+    return kind
 
 
 def _direct_entry(op: torch._ops.OpOverload, args: tuple) -> Callable | None:
@@ -152,27 +158,26 @@ def _direct_entry(op: torch._ops.OpOverload, args: tuple) -> Callable | None:
     Autograd, when nothing else could run first: no TorchDispatchMode is
     active (fake tensors, tracing, profilers' modes), no transform has
     added dispatch keys to the thread (torch.func), and every tensor
-    argument carries exactly a plain dense tensor's dispatch keys (no
-    subclass with __torch_dispatch__ (DTensor), no functionalization or
-    functorch wrapper, no negative/conjugate view, no inference tensor).
-    None otherwise: then the call goes through the dispatcher.  Skipping it
-    saves a trip through the dispatcher and a Python kernel per call, which
-    is what decides small eager calls."""
+    argument carries exactly a plain dense tensor's dispatch keys, the same
+    for all (no subclass with __torch_dispatch__ (DTensor), no
+    functionalization or functorch wrapper, no negative/conjugate view, no
+    inference tensor).  None otherwise: then the call goes through the
+    dispatcher.  Skipping it saves a trip through the dispatcher and a
+    Python kernel per call, which is what decides small eager calls."""
     bound = _BOUND.get(op)
-    if (
-        bound is None
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._dispatch_tls_local_include_set() != _DEFAULT_INCLUDE
-    ):
+    if bound is None or _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE:
         return None
-    first = None
+    keys = first = None
     for a in args:
         if isinstance(a, torch.Tensor):
             if first is None:
-                first = a
-            if torch._C._dispatch_keys(a) != _plain_keys(first):
+                first, keys = a, _dispatch_keys(a)
+            elif _dispatch_keys(a) != keys:
                 return None
-    return None if first is None else bound.by_device.get(first.device.type)
+    if first is None:
+        return None
+    kind = _plain_device_type(first, keys)
+    return None if kind is None else bound.by_device.get(kind)
 
 
 def _below_autograd(op: Callable, args: tuple):
@@ -205,6 +210,18 @@ def call_from_backward(op: torch._ops.OpOverload, *args):
     return entry(*args) if entry is not None else _below_autograd(op, args)
 
 
+def _tensor_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the schema's Tensor and Tensor? arguments."""
+    positions = []
+    for i, a in enumerate(op._schema.arguments):
+        t = a.type
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+        if isinstance(t, torch.TensorType):
+            positions.append(i)
+    return tuple(positions)
+
+
 def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
     """Give ``op`` an autograd formula, like torch.library.register_autograd.
 
@@ -235,10 +252,15 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
 
     Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
 
+    tensor_positions = _tensor_positions(op)
+
     def autograd_kernel(*args):
         args = complete(*args)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return Formula.apply(*args)
+        if torch.is_grad_enabled():
+            for i in tensor_positions:
+                a = args[i]
+                if a is not None and a.requires_grad:
+                    return Formula.apply(*args)
         return _checked_below_autograd(op, args)
 
     LIB.impl(name, autograd_kernel, "Autograd")
