@@ -145,7 +145,7 @@ def test_default_profile_plans_whole_groups(monkeypatch):
         c = dict(p.steps[0].constexprs)
         assert p.path == "whole" and (c["BLOCK_C"], c["BLOCK_HW"]) == (2, 64)
         per_element = plan.npu_whole_bytes(4, 4, backward)
-        assert c["BLOCK_C"] * c["BLOCK_HW"] * per_element <= device.npu_ub_bytes() // 2
+        assert c["BLOCK_C"] * c["BLOCK_HW"] * per_element <= device.npu_ub_bytes()  # whole groups: the whole UB
 
 
 def test_default_profile_splits_groups_over_the_ub_budget(monkeypatch):
@@ -165,8 +165,10 @@ def test_grid_stays_under_the_ascend_limit(monkeypatch, cores):
             )
 
 
-def test_tiles_fit_half_the_ub(ascend):
-    budget = device.npu_ub_bytes() // 2
+def test_tiles_fit_the_ub(ascend):
+    """Whole groups within the whole UB (bishengir's UB plan fits them, the
+    Ascend compile check), every other tile within half of it."""
+    ub = device.npu_ub_bytes()
     for dtype in ALL_DTYPES:
         itemsize = torch.tensor([], dtype=dtype).element_size()
         compute = 8 if dtype == torch.float64 else 4
@@ -175,16 +177,32 @@ def test_tiles_fit_half_the_ub(ascend):
                 p = _plan(torch.empty(shape, dtype=dtype), 4, backward)
                 for s in p.steps:
                     c = dict(s.constexprs)
-                    tile = plan.npu_whole_bytes if s.kernel.endswith("whole_kernel") else plan.npu_split_bytes
+                    if s.kernel.endswith("whole_kernel"):
+                        tile = (plan.npu_whole_bytes(itemsize, compute, backward), ub)
+                    else:
+                        tile = (plan.npu_split_bytes(itemsize, compute, backward), ub // 2)
                     sizes = [
-                        (c.get("BLOCK_C", 1) * c.get("BLOCK_HW", 1), tile(itemsize, compute, backward)),
-                        (c.get("BLOCK_P", 1), 7 * compute),  # a group's merge
-                        (c.get("BLOCK_R", 1) * c.get("BLOCK_C", 1), 4 * compute),  # the reduce
+                        (c.get("BLOCK_C", 1) * c.get("BLOCK_HW", 1), *tile),
+                        (c.get("BLOCK_P", 1), 7 * compute, ub // 2),  # a group's merge
+                        (c.get("BLOCK_R", 1) * c.get("BLOCK_C", 1), 4 * compute, ub // 2),  # the reduce
                     ]
-                    if "BLOCK_R" in c:
-                        sizes = sizes[2:]
-                    for elements, cost in sizes:
+                    for elements, cost, budget in sizes[2:] if "BLOCK_R" in c else sizes:
                         assert elements * cost <= budget or elements == 1, (s.kernel, elements, cost)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float64, torch.float64), (torch.float32, torch.float64)])
+def test_npu_float64_runs_the_reference(monkeypatch, dtypes):
+    """triton-ascend compiles no float64: float64 data or parameters never reach a kernel on the NPU."""
+    x = torch.randn(2, 8, 9, dtype=dtypes[0])
+    weight, bias = make_params(8, "both", dtypes[1])
+    dy = torch.randn_like(x)
+
+    def no_kernels(*args, **kwargs):
+        raise AssertionError("a float64 call reached the NPU launch sequence")
+
+    monkeypatch.setattr(launch, "forward", no_kernels)
+    monkeypatch.setattr(launch, "backward", no_kernels)
+    _check(x, 4, weight, bias, dy)
 
 
 def test_npu_is_bitwise_deterministic(ascend):

@@ -22,7 +22,7 @@ import functools
 import torch
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import kernels, plan
+from csrc_free_ops.group_norm import kernels, plan, reference
 from csrc_free_ops.group_norm.plan import CudaDevice, Plan, Problem
 from csrc_free_ops.launcher import Launcher
 
@@ -227,6 +227,13 @@ def cuda_backward(
     return backward(grad_out, x, num_groups, weight, bias, eps, p)
 
 
+def _npu_float64(*tensors: torch.Tensor | None) -> bool:
+    """triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on
+    Ascend", the Ascend compile check): float64 data or parameters run the
+    pure-PyTorch reference on the device instead."""
+    return any(t is not None and t.dtype == torch.float64 for t in tensors)
+
+
 def _npu_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool) -> Plan:
     problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward)
     return plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
@@ -235,6 +242,8 @@ def _npu_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool
 def npu_forward(
     x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
+    if _npu_float64(x, weight, bias):
+        return reference.forward(x, num_groups, weight, bias, eps)
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return forward(x, num_groups, weight, bias, eps, _npu_plan(x, num_groups, weight is not None, bias is not None,
@@ -249,5 +258,7 @@ def npu_backward(
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    if _npu_float64(grad_out, x, weight, bias):
+        return reference.backward(grad_out, x, num_groups, weight, bias, eps)
     p = _npu_plan(x, num_groups, weight is not None, bias is not None, True) if x.numel() else None
     return backward(grad_out, x, num_groups, weight, bias, eps, p)

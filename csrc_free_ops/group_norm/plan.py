@@ -233,7 +233,8 @@ MERGE_BLOCK = 1024
 REDUCE_TILE, REDUCE_BLOCK_C = 2048, 128
 
 # NPU UB cost model (bytes per tile element; s = x's element size, c = the
-# compute dtype's).  Half the UB is the budget (triton-ascend double-buffers):
+# compute dtype's).  Budgets (the Ascend compile check, docs/npu.md): the whole
+# UB for whole groups, half of it for the rest (triton-ascend double-buffers):
 #   whole forward    x, y (2s) + x, x - mean, y (3c)            2s + 3c
 #   whole backward   x, dy, dx (3s) + five arrays (5c)           3s + 5c
 #   split forward    max(partials s + 4c, apply 2s + 2c)
@@ -534,7 +535,8 @@ def npu_split_bytes(itemsize: int, compute: int, backward: bool) -> int:
 def npu(pb: Problem, ub_bytes: int, vector_cores: int) -> Plan:
     """Whole groups where the padded group fits the UB budget, else split
     with the grid at most the vector cores (no launch options: triton-ascend
-    has no num_warps / num_stages)."""
+    has no num_warps / num_stages).  float64 never gets here: triton-ascend
+    compiles none, so launch.npu_* run the reference for it."""
     compute = 8 if pb.itemsize == 8 else 4
     cores = max(1, min(vector_cores, NPU_MAX_GRID))
     merge_block = npu_tile(7 * compute, ub_bytes)
@@ -545,7 +547,9 @@ def npu(pb: Problem, ub_bytes: int, vector_cores: int) -> Plan:
         block_r = max(1, min(next_pow2(part_rows), reduce_tile // reduce_c))
         return block_r, reduce_c, max(1, min(cdiv(pb.c, reduce_c), cores)), ()
 
-    if whole_fits(pb, npu_tile(npu_whole_bytes(pb.itemsize, compute, pb.backward), ub_bytes)):
+    # Whole groups budget the whole UB, the streaming kernels half: bishengir's UB plan (multi-buffering
+    # included) fits whole-group tiles twice the half budget's, and takes 44-84 bytes per partials element.
+    if whole_fits(pb, prev_pow2(max(1, ub_bytes // npu_whole_bytes(pb.itemsize, compute, pb.backward)))):
         return whole(pb, cores, (), reduce(pb.n))
     tile = npu_tile(npu_split_bytes(pb.itemsize, compute, pb.backward), ub_bytes)
     block_c, block_hw, chunk = split_geometry(pb, tile, tile, cores)
