@@ -89,7 +89,7 @@ def _tables(seq: int, device: str):
 
 def _train(model: nn.Module, device: str):
     model = model.to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # (AdamW would turn bf16 noise in near-zero grads into lr-sized steps)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # AdamW turns bf16 noise in tiny grads into lr-sized steps
     gen = torch.Generator().manual_seed(1)
     cos, sin = _tables(6, device)
     losses, grads = [], []
