@@ -169,3 +169,12 @@ def test_rope_in_place_under_vmap_and_its_refusal_of_ad():
         jvp(lambda q: liger.rope_(q, k[0].clone(), cos, sin) or q, (q[0].clone(),), (q[0],))
     with pytest.raises(NotImplementedError, match=r"liger\.rope_ is not differentiable"):
         liger.rope_(q[0] * torch.ones(1, requires_grad=True), k[0].clone(), cos, sin)
+
+
+def test_every_op_has_a_vmap_rule_and_a_forward_ad_rule():
+    """A new op must say how it batches and how tangents flow (rope_: it refuses AD)."""
+    from registrations import functorch
+
+    ops = {getattr(liger, name).default for name in liger}
+    assert set(functorch.VMAP_RULES) == ops
+    assert set(functorch.JVP) | {liger.rope_.default} == ops
