@@ -1,10 +1,12 @@
 """Sessions: tests (CPU, Triton interpreter), demo (the main job), gpu,
 multigpu and bench (on a CUDA machine, in its existing environment;
-multigpu also on CPU with gloo), lint."""
+multigpu also on CPU with gloo), lint, npu_compile (every NPU launch through
+the Ascend compiler, on CPU; not run by CI)."""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import nox
 
@@ -18,6 +20,12 @@ CPU_PINS = ["torch==2.13.0", "triton==3.7.1", "numpy"]
 RUFF = "ruff==0.17.6"
 # The transformers version liger_nn.apply_liger_ops is tested with (the CUDA machine has the same).
 TRANSFORMERS = "transformers==5.17.0"
+# The Ascend compiler without CANN: triton-ascend installs as the `triton`
+# package and needs pybind11 undeclared; ascendnpu-ir ships bishengir-compile.
+# torch (the CPU wheel) is there because some kernel modules import it for their
+# launchers; a torch build that pulls in standard triton would shadow triton-ascend
+# (tests/npu_compile_check.py then stops, saying so).
+ASCEND_PINS = ["triton-ascend==3.2.0", "pybind11", "ascendnpu-ir==1.2.0", "torch==2.13.0", "numpy"]
 
 
 def _has_cuda() -> bool:
@@ -82,3 +90,22 @@ def lint(session: nox.Session) -> None:
     session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def npu_compile(session: nox.Session) -> None:
+    """Every NPU launch plan's kernels compiled by triton-ascend and bishengir
+    to HIVM, UB allocation included (docs/npu.md).  Recording the launches
+    needs this project's torch and Triton, compiling them triton-ascend, which
+    installs as `triton`: so a second venv beside this session's."""
+    session.install(*CPU_PINS)
+    out = Path(session.create_tmp())
+    specs, report = out / "npu_specs.json", out / "npu_compile_report.json"
+    session.run("python", "-m", "tests.npu_launch_specs", str(specs), env={"TRITON_INTERPRET": "0"})
+    ascend = Path(f"{session.virtualenv.location}-ascend")
+    python = str(ascend / "bin" / "python")
+    if not (ascend / "bin" / "python").exists():
+        session.run("python", "-m", "venv", str(ascend))
+    session.run(python, "-m", "pip", "install", "-q", *ASCEND_PINS, external=True)
+    session.run(python, "-m", "tests.npu_compile_check", str(specs), "--report", str(report), *session.posargs,
+                external=True)  # fmt: skip
