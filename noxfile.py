@@ -1,6 +1,7 @@
-"""Sessions: tests (CPU, Triton interpreter), demo (the main job), gpu and
-bench (on a CUDA machine, in its existing environment), lint, npu_compile
-(every NPU launch through the Ascend compiler, on CPU; not run by CI)."""
+"""Sessions: tests (CPU, Triton interpreter), demo (the main job), gpu,
+multigpu and bench (on a CUDA machine, in its existing environment;
+multigpu also on CPU with gloo), lint, npu_compile (every NPU launch through
+the Ascend compiler, on CPU; not run by CI)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,27 @@ def demo(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """The suite on a CUDA machine, with that machine's torch and triton."""
     session.run("python", "-m", "pytest", "tests", "-q", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def multigpu(session: nox.Session) -> None:
+    """The distributed checks under torchrun, 2 ranks, with this machine's torch:
+    on 2 GPUs with NCCL (DTensor ops and backward ops against the single-GPU
+    result, tensor-parallel tiny Llama eager and reduce-overhead compiled,
+    FSDP2), then the test of tensors on a GPU that is not the current one.
+    `nox -s multigpu -- --cpu` runs the same checks with gloo on CPU (also
+    the default where no GPU is present); `-- --cpu --interpret` on the Triton
+    interpreter; `-- -k NAME` selects cases."""
+    args = list(session.posargs)
+    if not _has_cuda() and "--cpu" not in args:
+        args.append("--cpu")
+    # NVLink SHARP / multicast off: not every lent multi-GPU machine allows it.
+    env = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    torchrun = ("python", "-m", "torch.distributed.run", "--nproc-per-node", "2")
+    session.run(*torchrun, "-m", "tests.dist.run", *args, env=env)
+    if "--cpu" not in args:
+        session.run("python", "-m", "pytest", "tests/test_cross_device.py", "tests/test_launcher.py", "-q", "-rs",
+                    "-k", "device", env=env)  # fmt: skip
 
 
 @nox.session(venv_backend="none")
