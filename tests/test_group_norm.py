@@ -283,8 +283,8 @@ def test_reference_matches_torch_group_norm_in_float64():
 
 @pytest.mark.parametrize(("shape", "groups"), [((5, 2), 2), ((5, 2), 1), ((3, 4, 1), 2), ((2, 3, 1, 1), 3)])
 def test_tiny_groups(shape, groups):
-    """1- or 2-element groups: y is exact-ish; dx cancels down to ~eps, so it
-    gets an absolute bound."""
+    """1- or 2-element groups: y is exact-ish; dx cancels (see dx_term_scale),
+    so its error is bounded relative to its terms' magnitudes."""
     x = make_x(shape, torch.float32)
     weight, bias = make_params(shape[1], "both", torch.float32)
     dy = torch.randn_like(x)
@@ -294,8 +294,23 @@ def test_tiny_groups(shape, groups):
     assert_close_to_ref(y, y_ref, torch.float32, "y")
     assert_close_to_ref(dweight, grads_ref["weight"], torch.float32, "dweight")
     assert_close_to_ref(dbias, grads_ref["bias"], torch.float32, "dbias")
-    assert torch.isfinite(dx).all()
-    assert (dx.double().cpu() - grads_ref["x"].cpu()).abs().max() <= 1e-3
+    assert_close_to_scale(dx, grads_ref["x"], dx_term_scale(x, groups, weight, dy, 1e-5), torch.float32, "dx")
+
+
+def dx_term_scale(x, num_groups, weight, dy, eps):
+    """Per element of dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+    g = dy * w: the summed magnitudes of its terms, in float64.  A float32
+    kernel's error is relative to these: with 1- or 2-element groups dx
+    cancels down to ~eps where the terms are O(1), or comes out O(rstd)
+    where the group's values nearly coincide."""
+    n, c = x.shape[:2]
+    xg = x.detach().double().reshape(n, num_groups, -1)
+    g = (dy.double() * weight.detach().double().reshape(1, c, *([1] * (x.dim() - 2)))).reshape(n, num_groups, -1)
+    mean = xg.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((xg - mean).square().mean(-1, keepdim=True) + eps)
+    xhat = (xg - mean) * rstd
+    terms = g.abs() + g.mean(-1, keepdim=True).abs() + xhat.abs() * (g * xhat).mean(-1, keepdim=True).abs()
+    return (rstd * terms).reshape(x.shape)
 
 
 def test_expanded_grad_and_weight_without_grad():
