@@ -249,24 +249,31 @@ def compare(device: str, timer: Callable[[Callable[[], object]], float] = gpu_ms
             except Exception as e:  # a rival not installed (ProviderUnavailable) or failing here
                 if provider == "liger":
                     raise
-                results[op][provider] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
+                reason = str(e) if isinstance(e, providers.ProviderUnavailable) else repr(e)
+                results[op][provider] = reason.split("\n")[0]
     return results
 
 
 def format_comparison(results: dict[str, dict[str, object]], upstream: str | None) -> str:
+    """The speed table, then why each rival that did not run did not."""
     names = {**RIVALS, "liger_kernel": f"Liger-Kernel {upstream}" if upstream else "Liger-Kernel"}
     head = ["op", "ours ms"]
     for provider in RIVALS:
         head += [f"{names[provider]} ms", "x"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    reasons: dict[str, str] = {}
     for op, times in results.items():
         ours = times["liger"]
         cells = [op, f"{ours:.3f}"]
         for provider in RIVALS:
             t = times[provider]
-            cells += [f"{t:.3f}", f"{t / ours:.2f}"] if isinstance(t, float) else [f"not run ({t})", "-"]
+            if isinstance(t, float):
+                cells += [f"{t:.3f}", f"{t / ours:.2f}"]
+            else:
+                cells += ["not run", "-"]
+                reasons.setdefault(f"{names[provider]} not run: {t}", op)
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + list(reasons))
 
 
 def comparison_report(device: str) -> str:
@@ -314,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("All ops within tolerance of the float64 reference.")
     if not args.no_compare:
         print()
+        if device == "cuda":
+            print("Timing ours against the rivals (torch.compile compiles each reference first) ...", flush=True)
         print(comparison_report(device), flush=True)
     return 0
 

@@ -121,9 +121,9 @@ def test_demo_comparison_times_ours_and_each_rival_and_reports_a_missing_one(mon
     assert set(results) == {"poly_norm", "rope", "group_norm"}
     assert results["rope"]["liger"] == 2.0 and results["rope"]["compile"] == 3.0
     table = demo.format_comparison(results, None)
-    row = next(line for line in table.splitlines() if line.startswith("| rope |"))
-    missing = "not run (ProviderUnavailable: liger_kernel not importable: ModuleNotFoundError)"
-    assert row == f"| rope | 2.000 | {missing} | - | 3.000 | 1.50 |"
+    lines = table.splitlines()
+    assert "| rope | 2.000 | not run | - | 3.000 | 1.50 |" in lines
+    assert lines[-1] == "Liger-Kernel not run: liger_kernel not importable: ModuleNotFoundError"  # once
 
 
 def test_demo_comparison_fails_when_ours_fails(monkeypatch):
