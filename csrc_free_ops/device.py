@@ -9,8 +9,9 @@ profile on a machine without one:
 * ``CSRC_FREE_OPS_NPU_VECTOR_CORES``: number of vector cores.
 * ``CSRC_FREE_OPS_NUM_SMS``: number of CUDA streaming multiprocessors.
 
-The specific variables win over the profile.  The environment is read on
-every call (cheap) so a test can change it between launches.
+The specific variables win over the profile.  The NPU variables are read on
+every call so a test can change them between launches; the SM count the
+launch entries use (``sms_of``) is read once per device.
 """
 
 from __future__ import annotations
@@ -126,6 +127,20 @@ def npu_vector_cores() -> int:
 @functools.cache
 def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_SMS_OF_INDEX: dict[int, int] = {}
+
+
+def sms_of(t: torch.Tensor) -> int:
+    """``num_sms`` of t's device, kept per device index after the first call
+    (so CSRC_FREE_OPS_NUM_SMS is read once per device): launch entries call
+    this on every call, and an environment read costs microseconds."""
+    index = t.get_device()
+    sms = _SMS_OF_INDEX.get(index)
+    if sms is None:
+        sms = _SMS_OF_INDEX[index] = num_sms(t.device)
+    return sms
 
 
 def num_sms(device: torch.device) -> int:

@@ -103,6 +103,18 @@ def _reference_on_cpu(reference: Callable, name: str) -> Callable:
     return run
 
 
+class _Bound(NamedTuple):
+    """What ``define_op`` bound for one op: its check and the entry of each
+    device type (``cpu`` as chosen at import), for calls that skip the
+    dispatcher (``_direct_entry``)."""
+
+    check: Callable
+    by_device: dict[str, Callable]
+
+
+_BOUND: dict[torch._ops.OpOverload, _Bound] = {}
+
+
 def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries) -> torch._ops.OpOverload:
     """Define ``liger::<name>`` from its schema, bind each dispatch key to
     its entry and register the fake kernel; ``check`` runs first in all of
@@ -115,7 +127,57 @@ def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries)
     for key, entry in (("CUDA", entries.cuda), ("PrivateUse1", entries.npu), ("CPU", cpu)):
         LIB.impl(name, _with_defaults(_checked(check, entry), n_args, tail), key)
     torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), n_args, tail), lib=LIB)
+    privateuse1 = torch._C._get_privateuse1_backend_name()
+    _BOUND[op] = _Bound(check, {"cuda": entries.cuda, "cpu": cpu, privateuse1: entries.npu})
     return op
+
+
+# The dispatch keys (raw_repr) of a plain dense tensor, per device type found
+# so far, mapped to that device type.
+_PLAIN_KEYS: dict[int, str] = {}
+# The keys a thread includes in every dispatch when no transform (torch.func's
+# dynamic layers, the Python dispatcher) has added its own.
+_DEFAULT_INCLUDE = torch._C._dispatch_tls_local_include_set()
+_dispatch_keys = torch._C._dispatch_keys
+_mode_stack_depth = torch._C._len_torch_dispatch_stack
+_local_include = torch._C._dispatch_tls_local_include_set
+
+
+def _plain_device_type(t: torch.Tensor, keys: Any) -> str | None:
+    """t's device type if ``keys`` (t's dispatch keys) are those of a plain
+    dense tensor on that device, else None."""
+    raw = keys.raw_repr()
+    kind = _PLAIN_KEYS.get(raw)
+    if kind is None and keys == _dispatch_keys(torch.empty(0, device=t.device)):
+        kind = _PLAIN_KEYS[raw] = t.device.type
+    return kind
+
+
+def _direct_entry(op: torch._ops.OpOverload, args: tuple) -> Callable | None:
+    """The entry the dispatcher would reach for these arguments below
+    Autograd, when nothing else could run first: no TorchDispatchMode is
+    active (fake tensors, tracing, profilers' modes), no transform has
+    added dispatch keys to the thread (torch.func), and every tensor
+    argument carries exactly a plain dense tensor's dispatch keys, the same
+    for all (no subclass with __torch_dispatch__ (DTensor), no
+    functionalization or functorch wrapper, no negative/conjugate view, no
+    inference tensor).  None otherwise: then the call goes through the
+    dispatcher.  Skipping it saves a trip through the dispatcher and a
+    Python kernel per call, which is what decides small eager calls."""
+    bound = _BOUND.get(op)
+    if bound is None or _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE:
+        return None
+    keys = first = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if first is None:
+                first, keys = a, _dispatch_keys(a)
+            elif _dispatch_keys(a) != keys:
+                return None
+    if first is None:
+        return None
+    kind = _plain_device_type(first, keys)
+    return None if kind is None else bound.by_device.get(kind)
 
 
 def _below_autograd(op: Callable, args: tuple):
@@ -124,11 +186,40 @@ def _below_autograd(op: Callable, args: tuple):
         return op(*args)
 
 
-def call_from_backward(op: Callable, *args):
-    """Call ``op`` inside an autograd formula.  Unless the backward itself is
-    being differentiated (grad mode on), the op's Autograd kernel would only
-    redispatch, so dispatch starts below it: one Python kernel fewer."""
-    return op(*args) if torch.is_grad_enabled() else _below_autograd(op, args)
+def _checked_below_autograd(op: torch._ops.OpOverload, args: tuple):
+    """``_below_autograd(op, args)``, calling the checked entry directly where
+    that is what the dispatcher would do (``_direct_entry``)."""
+    entry = _direct_entry(op, args)
+    if entry is None:
+        return _below_autograd(op, args)
+    _BOUND[op].check(*args)
+    return entry(*args)
+
+
+def call_from_backward(op: torch._ops.OpOverload, *args):
+    """Call ``op`` (a backward op, every schema argument given) inside an
+    autograd formula.  When the backward itself is being differentiated
+    (grad mode on) it goes through the op's Autograd kernel.  Otherwise
+    dispatch starts below it; and where the dispatcher would only reach the
+    entry (``_direct_entry``), the entry is called directly and without
+    re-validating: the forward checked these tensors, and autograd hands
+    the incoming gradient with its output's shape, dtype and device."""
+    if torch.is_grad_enabled():
+        return op(*args)
+    entry = _direct_entry(op, args)
+    return entry(*args) if entry is not None else _below_autograd(op, args)
+
+
+def _tensor_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the schema's Tensor and Tensor? arguments."""
+    positions = []
+    for i, a in enumerate(op._schema.arguments):
+        t = a.type
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+        if isinstance(t, torch.TensorType):
+            positions.append(i)
+    return tuple(positions)
 
 
 def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
@@ -151,7 +242,7 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     class Formula(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            output = _below_autograd(op, args)
+            output = _checked_below_autograd(op, args)
             setup_context(ctx, args, output)
             return output
 
@@ -161,10 +252,16 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
 
     Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
 
+    tensor_positions = _tensor_positions(op)
+
     def autograd_kernel(*args):
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return Formula.apply(*complete(*args))
-        return _below_autograd(op, args)
+        args = complete(*args)
+        if torch.is_grad_enabled():
+            for i in tensor_positions:
+                a = args[i]
+                if a is not None and a.requires_grad:
+                    return Formula.apply(*args)
+        return _checked_below_autograd(op, args)
 
     LIB.impl(name, autograd_kernel, "Autograd")
 

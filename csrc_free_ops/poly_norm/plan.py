@@ -44,6 +44,10 @@ COL_BLOCK = 4096
 BWD_LOOP_STAGES = 3
 # Backward programs per SM, the most the policy uses (enough rows in flight to hide latency).
 BWD_PROGRAMS_PER_SM = 16
+# Backwards of at most this many (padded) elements run as one program, which then writes
+# dweight/dbias itself: on the H200 host a launch and an allocation cost ~25 us, more than one
+# SM takes for 16 rows of x and dy.
+BWD_ONE_PROGRAM_ELEMENTS = 16 * 1024
 
 # --- NPU policy
 NPU_SMALL_ROW_MAX_COLS = 2048
@@ -92,7 +96,7 @@ def cuda(n_rows: int, n_cols: int, backward: bool, sms: int) -> Plan:
     if not backward:
         return Plan(whole_rows, 1, block, n_rows, _cuda_fwd_warps(block))
     per_sm = BWD_PROGRAMS_PER_SM // 2 if block <= 4096 else BWD_PROGRAMS_PER_SM
-    programs = max(1, min(n_rows, sms * per_sm))
+    programs = 1 if n_rows * block <= BWD_ONE_PROGRAM_ELEMENTS else max(1, min(n_rows, sms * per_sm))
     return Plan(whole_rows, 1, block, programs, _cuda_bwd_warps(block), BWD_LOOP_STAGES)
 
 
