@@ -62,10 +62,11 @@ def _installs_skipped(session: nox.Session) -> bool:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The CPU suite: the real Triton kernels under TRITON_INTERPRET=1 (on any machine)."""
+    """The CPU suite: the real Triton kernels under TRITON_INTERPRET=1 (on any machine).
+    Paths after -- run only those; without, pytest takes testpaths (tests/)."""
     _install(session, "the CPU suite's pins: " + ", ".join([*CPU_PINS, TRANSFORMERS]), *CPU_PINS, TRANSFORMERS)
     _install(session, "this project (editable) with its test extra", "-e", ".[test]")
-    session.run("python", "-m", "pytest", "tests", "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    session.run("python", "-m", "pytest", "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session
@@ -94,7 +95,7 @@ def transformers(session: nox.Session, end: str) -> None:
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
     """The suite on a CUDA machine, with the active environment's torch and triton."""
-    session.run("python", "-m", "pytest", "tests", "-q", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
 
 
 @nox.session(venv_backend="none")
