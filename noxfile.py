@@ -5,6 +5,8 @@ In a virtual environment of their own, which they install into:
     demo          the main job: every op on the best device present
     transformers  the transformers-touching tests at the oldest and newest release of the supported range
     lint          ruff
+    npu_compile   every NPU launch plan's kernels through the Ascend compiler, on the CPU (plus a
+                  triton-ascend venv beside its own; not run by CI)
 In the active environment (venv_backend="none": nothing installed, its torch and triton used):
     gpu           the suite on a CUDA machine
     bench         the benchmark (bench/README.md)
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import nox
 
@@ -36,6 +39,12 @@ HF_RANGE = next(
 )
 # The tests that import transformers (the patcher and the end-to-end training).
 HF_TESTS = ["tests/test_patching.py", "tests/test_e2e_training.py"]
+# The Ascend compiler without CANN: triton-ascend installs as the `triton`
+# package and needs pybind11 undeclared; ascendnpu-ir ships bishengir-compile.
+# torch (the CPU wheel) is there because some kernel modules import it for their
+# launchers; a torch build that pulls in standard triton would shadow triton-ascend
+# (tests/npu_compile_check.py then stops, saying so).
+ASCEND_PINS = ["triton-ascend==3.2.0", "pybind11", "ascendnpu-ir==1.2.0", "torch==2.13.0", "numpy"]
 
 
 def _has_cuda() -> bool:
@@ -71,8 +80,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Every op forward and backward on the best device present, checked
-    against the reference and timed."""
+    """The main job: every op forward and backward on the best device present,
+    checked against the reference and timed."""
     if _has_cuda():
         _install(session, "torch and triton for CUDA (nvidia-smi found)", "torch>=2.11", "triton>=3.6")
         _install(session, "this project with upstream Liger-Kernel to compare with", "-e", ".[compare]")
@@ -85,7 +94,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("end", ["oldest", "newest"], ids=["oldest", "newest"])
 def transformers(session: nox.Session, end: str) -> None:
-    """HF_TESTS with the oldest or the newest transformers of the supported range (CPU, interpreter)."""
+    """The transformers-touching tests at one end of the supported range (CPU, interpreter)."""
     spec = "transformers==" + re.search(r">=\s*([\w.]+)", HF_RANGE).group(1) if end == "oldest" else HF_RANGE
     _install(session, f"the CPU pins and {spec} (the {end} of {HF_RANGE})", *CPU_PINS, spec, "-e", ".[test]")
     session.run("python", "-c", "import importlib.metadata as m; print('transformers', m.version('transformers'))")
@@ -109,3 +118,22 @@ def lint(session: nox.Session) -> None:
     _install(session, RUFF, RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def npu_compile(session: nox.Session) -> None:
+    """Every NPU launch plan's kernels compiled by triton-ascend and bishengir
+    to HIVM, UB allocation included (docs/npu.md).  Recording the launches
+    needs this project's torch and Triton, compiling them triton-ascend, which
+    installs as `triton`: so a second venv beside this session's."""
+    _install(session, "the CPU pins and numpy, to record the launches", *CPU_PINS, "numpy")
+    out = Path(session.create_tmp())
+    specs, report = out / "npu_specs.json", out / "npu_compile_report.json"
+    session.run("python", "-m", "tests.npu_launch_specs", str(specs), env={"TRITON_INTERPRET": "0"})
+    ascend = Path(f"{session.virtualenv.location}-ascend")
+    python = str(ascend / "bin" / "python")
+    if not (ascend / "bin" / "python").exists():
+        session.run("python", "-m", "venv", str(ascend))
+    session.run(python, "-m", "pip", "install", "-q", *ASCEND_PINS, external=True)
+    session.run(python, "-m", "tests.npu_compile_check", str(specs), "--report", str(report), *session.posargs,
+                external=True)  # fmt: skip

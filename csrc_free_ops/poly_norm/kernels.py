@@ -281,4 +281,5 @@ def reduce_param_grads_kernel(partials, dweight, dbias, n_programs, BLOCK_P: tl.
         acc += tl.load(partials + rows * N_PARTIALS + fields[None, :], mask=rows < n_programs, other=0.0)
     sums = tl.sum(acc, axis=0)
     tl.store(dweight + fields, _narrow(sums, dweight.dtype.element_ty), mask=fields < 3)
-    tl.store(dbias + fields - 3, _narrow(sums, dbias.dtype.element_ty), mask=fields == 3)
+    # dbias as a scalar: triton-ascend rejects the masked-off negative offsets of dbias + fields - 3.
+    tl.store(dbias, _narrow(tl.sum(tl.where(fields == 3, sums, 0.0)), dbias.dtype.element_ty))

@@ -93,8 +93,9 @@ def backward(
     n_rows, n_cols = _sizes(x)
     src, x_row, x_col = _rows(x)
     dx = _output_like(x, x_col == 1 and src is x)
-    # One allocation for both (the split views cost less on the host than a second one).
-    dweight, dbias = torch.empty(4, dtype=weight.dtype, device=x.device).split((3, 1))
+    # Separate allocations: views of one buffer would make the op's outputs alias each other.
+    dweight = torch.empty(3, dtype=weight.dtype, device=x.device)
+    dbias = torch.empty(1, dtype=weight.dtype, device=x.device)
     if n_rows == 0:
         return dx, dweight.zero_(), dbias.zero_()
     compute, partial_dtype = _compute(x)
@@ -132,11 +133,18 @@ def _npu_plan(x: torch.Tensor, backward: bool) -> Plan:
     return plan.npu(n_rows, n_cols, x.element_size(), backward, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
+def _unit_column_stride(t: torch.Tensor) -> torch.Tensor:
+    """t, copied when its last dim is not unit-stride: triton-ascend then compiles
+    the row loads as gathers that need 2-5x the UB the plan budgets (bishengir:
+    ub overflow at every planned tile), where a stride of 1 is specialized away."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def npu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    return forward(x, weight, bias, eps, _npu_plan(x, False))
+    return forward(_unit_column_stride(x), weight, bias, eps, _npu_plan(x, False))
 
 
 def npu_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward(grad_out, x, weight, eps, _npu_plan(x, True))
+    return backward(_unit_column_stride(grad_out), _unit_column_stride(x), weight, eps, _npu_plan(x, True))
