@@ -80,8 +80,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: every op forward and backward on the best device present,
-    checked against the reference and timed."""
+    """The main job: every op on the best device present, checked against the reference and timed."""
     if _has_cuda():
         _install(session, "torch and triton for CUDA (nvidia-smi found)", "torch>=2.11", "triton>=3.6")
         _install(session, "this project with upstream Liger-Kernel to compare with", "-e", ".[compare]")
