@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import os
 
-import torch
+if __name__ == "__main__":  # the imports below take seconds (tens on a first run, compiling bytecode)
+    print("csrc-free-ops demo: importing torch, triton and the ops ...", flush=True)
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     # Before any kernel module is imported: run the Triton kernels on CPU tensors.
