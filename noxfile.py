@@ -9,6 +9,7 @@ In a virtual environment of their own, which they install into:
                   triton-ascend venv beside its own; not run by CI)
 In the active environment (venv_backend="none": nothing installed, its torch and triton used):
     gpu           the suite on a CUDA machine
+    multigpu      the distributed checks under torchrun, 2 ranks (2 GPUs with NCCL; on CPU with gloo)
     bench         the benchmark (bench/README.md)
 """
 
@@ -104,6 +105,27 @@ def transformers(session: nox.Session, end: str) -> None:
 def gpu(session: nox.Session) -> None:
     """The suite on a CUDA machine, with the active environment's torch and triton."""
     session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def multigpu(session: nox.Session) -> None:
+    """The distributed checks under torchrun, 2 ranks, with this machine's torch:
+    on 2 GPUs with NCCL (DTensor ops and backward ops against the single-GPU
+    result, tensor-parallel tiny Llama eager and reduce-overhead compiled,
+    FSDP2), then the test of tensors on a GPU that is not the current one.
+    `nox -s multigpu -- --cpu` runs the same checks with gloo on CPU (also
+    the default where no GPU is present); `-- --cpu --interpret` on the Triton
+    interpreter; `-- -k NAME` selects cases."""
+    args = list(session.posargs)
+    if not _has_cuda() and "--cpu" not in args:
+        args.append("--cpu")
+    # NVLink SHARP / multicast off: not every lent multi-GPU machine allows it.
+    env = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    torchrun = ("python", "-m", "torch.distributed.run", "--nproc-per-node", "2")
+    session.run(*torchrun, "-m", "tests.dist.run", *args, env=env)
+    if "--cpu" not in args:
+        session.run("python", "-m", "pytest", "tests/test_cross_device.py", "tests/test_launcher.py", "-q", "-rs",
+                    "-k", "device", env=env)  # fmt: skip
 
 
 @nox.session(venv_backend="none")

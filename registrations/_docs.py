@@ -16,8 +16,8 @@ already has:
   ``liger::<op>(``.
 
 A new op gets all of it by being defined at module level in a
-``registrations/<module>.py`` whose docstring has its section, as every
-module does.
+``registrations/<module>.py`` whose docstring has its section, as every op
+module's does.
 """
 
 from __future__ import annotations
@@ -36,15 +36,19 @@ OPS_DOC = Path(__file__).resolve().parent.parent / "docs" / "ops.md"  # present 
 
 
 def defining_modules() -> dict[str, ModuleType]:
-    """op name -> the ``registrations.<module>`` holding its OpOverload at module level."""
-    found: dict[str, ModuleType] = {}
+    """op name -> the ``registrations.<module>`` that defines it: of the
+    modules holding its OpOverload at module level (rule modules such as
+    ``functorch`` hold the ops they extend too), the one whose docstring has
+    the op's section, else the first."""
+    holders: dict[str, list[ModuleType]] = {}
     for name, module in sorted(sys.modules.items()):
         if not name.startswith(__package__ + ".") or name.rsplit(".", 1)[1].startswith("_") or module is None:
             continue
         for value in vars(module).values():
             if isinstance(value, torch._ops.OpOverload) and value._schema.name.startswith(NAMESPACE + "::"):
-                found.setdefault(value._opname, module)
-    return found
+                if module not in holders.setdefault(value._opname, []):
+                    holders[value._opname].append(module)
+    return {op: next((m for m in ms if section(m.__doc__, op)), ms[0]) for op, ms in holders.items()}
 
 
 def op_names() -> list[str]:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from torch._functorch.utils import enable_single_level_autograd_function
+from torch.autograd import forward_ad
 
 LIB = torch.library.Library("liger", "DEF")
 
@@ -199,12 +201,14 @@ def _checked_below_autograd(op: torch._ops.OpOverload, args: tuple):
 def call_from_backward(op: torch._ops.OpOverload, *args):
     """Call ``op`` (a backward op, every schema argument given) inside an
     autograd formula.  When the backward itself is being differentiated
-    (grad mode on) it goes through the op's Autograd kernel.  Otherwise
-    dispatch starts below it; and where the dispatcher would only reach the
-    entry (``_direct_entry``), the entry is called directly and without
-    re-validating: the forward checked these tensors, and autograd hands
-    the incoming gradient with its output's shape, dtype and device."""
-    if torch.is_grad_enabled():
+    (grad mode on, or forward-mode tangents flowing in, e.g. a
+    Hessian-vector product by jvp over grad) it goes through the op's
+    Autograd kernel.  Otherwise dispatch starts below it; and where the
+    dispatcher would only reach the entry (``_direct_entry``), the entry is
+    called directly and without re-validating: the forward checked these
+    tensors, and autograd hands the incoming gradient with its output's
+    shape, dtype and device."""
+    if torch.is_grad_enabled() or (forward_ad._current_level >= 0 and _any_tangent(args)):
         return op(*args)
     entry = _direct_entry(op, args)
     return entry(*args) if entry is not None else _below_autograd(op, args)
@@ -233,7 +237,10 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     backend kernels see the op as before) and calls ``setup_context`` with
     the arguments, defaults filled in; its backward is ``backward``, which
     returns one gradient (or None) per schema argument.  With
-    grad mode off or no input requiring grad it only redispatches.
+    grad mode off, no input requiring grad and no forward-AD tangent it only
+    redispatches.
+
+    Forward-mode AD and torch.func transforms: see the section below.
     """
     name = op._schema.name.split("::", 1)[1]
     n_args, tail = _defaults(op)
@@ -242,15 +249,22 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     class Formula(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            output = _checked_below_autograd(op, args)
+            output = _below_autograd_in_transforms(op, args)
             setup_context(ctx, args, output)
+            if forward_ad._current_level >= 0:  # a dual level is open: jvp may need the primals
+                ctx.jvp_primals = args
             return output
 
         @staticmethod
         def backward(ctx, *grads):
             return backward(ctx, *grads)
 
+        @staticmethod
+        def jvp(ctx, *tangents):
+            return _jvp(op, ctx.jvp_primals, tangents)
+
     Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
+    apply = _apply_on_this_level(Formula)
 
     tensor_positions = _tensor_positions(op)
 
@@ -260,10 +274,71 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
             for i in tensor_positions:
                 a = args[i]
                 if a is not None and a.requires_grad:
-                    return Formula.apply(*args)
+                    return apply(*args)
+        if forward_ad._current_level >= 0 and _any_tangent(args):
+            return apply(*args)
         return _checked_below_autograd(op, args)
 
     LIB.impl(name, autograd_kernel, "Autograd")
+
+
+# ---------------------------------------------------------------------------
+# Forward-mode AD and torch.func transforms (grad, vjp, jvp, jacrev, jacfwd,
+# and vmap over them).
+#
+# The Autograd kernel records the Formula node on the tensors its dispatch
+# level sees, as a built-in op's Autograd kernel does: under a torch.func
+# transform those are already unwrapped by the transform's layer, so
+# Function.apply's own detour into functorch (meant for a Function applied to
+# wrapped tensors from user code, and demanding the setup_context style) is
+# skipped.  Forward-mode tangents: dual tensors carry no requires_grad, so the
+# kernel looks for them; Formula.jvp takes them from the op's rule in
+# JVP_RULES (registered by registrations/functorch.py), and an op without a
+# rule raises, naming itself, instead of dropping the tangent.
+
+JVP_RULES: dict[torch._ops.OpOverload, Callable] = {}
+
+
+def _apply_on_this_level(formula: type) -> Callable:
+    """formula.apply, except under torch.func transforms: there Function.apply
+    would detour into functorch (meant for a Function applied to wrapped
+    tensors from user code), so the C++ apply it ends in otherwise is called,
+    allowed under a transform's layer the way torch's own functorch rules
+    apply their single-level Functions."""
+    single_level = super(torch.autograd.Function, formula).apply
+
+    def apply(*args):
+        if not torch._C._are_functorch_transforms_active():
+            return formula.apply(*args)
+        with enable_single_level_autograd_function():
+            return single_level(*args)
+
+    return apply
+
+
+def _below_autograd_in_transforms(op: Callable, args: tuple):
+    """The op below autograd, from a Formula's forward.  Under torch.func
+    transforms, a jvp level below this one (jvp over grad) computes its
+    tangents in that level's Autograd kernel; Function.apply turned forward
+    AD off for this forward, so it is turned back on for the levels below."""
+    if not torch._C._are_functorch_transforms_active():
+        return _checked_below_autograd(op, args)
+    with forward_ad._set_fwd_grad_enabled(True):
+        return _checked_below_autograd(op, args)
+
+
+def _any_tangent(args: tuple) -> bool:
+    return any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args)
+
+
+def _jvp(op: torch._ops.OpOverload, primals: tuple, tangents: tuple):
+    rule = JVP_RULES.get(op)
+    if rule is None:
+        raise NotImplementedError(
+            f"{op._schema.name.replace('::', '.')}: forward-mode AD (torch.func.jvp / jacfwd, "
+            "torch.autograd.forward_ad) has no rule for this op; use reverse mode (torch.func.vjp / jacrev)"
+        )
+    return rule(primals, tangents)
 
 
 def register_autograd_by_reference(op: torch._ops.OpOverload, reference: Callable) -> None:

@@ -16,7 +16,7 @@ import triton.language as tl
 from csrc_free_ops import device
 from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.launcher import Launcher
-from csrc_free_ops.poly_norm import kernels, plan
+from csrc_free_ops.poly_norm import kernels, plan, reference
 from csrc_free_ops.poly_norm.plan import Plan
 
 # Most partial rows the reduction reads per step.
@@ -140,11 +140,19 @@ def _unit_column_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+# triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on Ascend", the Ascend compile
+# check): float64 on the NPU runs the pure-PyTorch reference there instead.
+
+
 def npu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float64:
+        return reference.forward(x, weight, bias, eps)
     return forward(_unit_column_stride(x), weight, bias, eps, _npu_plan(x, False))
 
 
 def npu_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if x.dtype == torch.float64:
+        return reference.backward(grad_out, x, weight, eps)
     return backward(_unit_column_stride(grad_out), _unit_column_stride(x), weight, eps, _npu_plan(x, True))
