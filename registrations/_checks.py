@@ -53,7 +53,7 @@ def check_eps(op: str, eps: float) -> None:
         raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps}")
 
 
-# Until rope and group_norm take the dtype policy above (their kernels compute in float32 only).
+# Until rope takes the dtype policy above (its kernels compute in float32 only).
 _LEGACY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -151,8 +151,8 @@ def entries() -> list[Entry]:
         Entry("rope", "csrc_free_ops.rope.npu:forward", rope_args, ROPE_SHAPES, SAME_DTYPE),
         Entry("rope", "csrc_free_ops.rope.npu:backward", rope_args, ROPE_SHAPES, SAME_DTYPE),
         Entry("rope", "csrc_free_ops.rope.npu:forward_", rope_args, ROPE_SHAPES, SAME_DTYPE),
-        Entry("group_norm", "csrc_free_ops.group_norm.npu:forward", gn_forward_args, GN_SHAPES),
-        Entry("group_norm", "csrc_free_ops.group_norm.npu:backward", gn_backward_args, GN_SHAPES),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SHAPES, WITH_FP64),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SHAPES, WITH_FP64),
     ]
     # fmt: on
 
