@@ -19,6 +19,7 @@ the same check, so bad input fails alike eagerly and under torch.compile.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -79,6 +80,20 @@ def _checked(check: Callable, entry: Callable) -> Callable:
 _NOTICE_GIVEN = False
 
 
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (torch,) + tuple(sys.modules[n] for n in ("registrations",))
+)
+
+
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel of the first frame outside this package and
+    torch (the dispatcher and autograd sit between the user's call and here)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _reference_on_cpu(reference: Callable, name: str) -> Callable:
     """The CPU binding without the interpreter: the reference, after making
     sure the interpreter was not asked for too late, and a one-time notice
@@ -89,16 +104,16 @@ def _reference_on_cpu(reference: Callable, name: str) -> Callable:
         if os.environ.get("TRITON_INTERPRET") == "1":
             raise RuntimeError(
                 f"liger.{name}: TRITON_INTERPRET=1 was set after csrc_free_ops was imported. Triton reads it when "
-                "the kernels are defined, so set it before the first import of csrc_free_ops / registrations / "
-                "liger_nn (e.g. `TRITON_INTERPRET=1 python ...`) to run the Triton kernels on CPU tensors; unset "
-                "it to keep running the pure-PyTorch reference."
+                "the kernels are defined, so set it before triton is first imported (before csrc_free_ops, "
+                "liger_nn or anything else that imports triton, e.g. `TRITON_INTERPRET=1 python ...`) to run the "
+                "Triton kernels on CPU tensors; unset it to keep running the pure-PyTorch reference."
             )
         if not _NOTICE_GIVEN:
             _NOTICE_GIVEN = True
             warnings.warn(
-                f"liger.{name}: CPU tensors run the pure-PyTorch reference (set TRITON_INTERPRET=1 before importing "
-                "csrc_free_ops to run the Triton kernels under the interpreter); shown once per process.",
-                stacklevel=3,
+                f"liger.{name}: CPU tensors run the pure-PyTorch reference (set TRITON_INTERPRET=1 before triton "
+                "is first imported to run the Triton kernels under the interpreter); shown once per process.",
+                stacklevel=_caller_stacklevel(),
             )
         return reference(*args)
 
