@@ -42,26 +42,41 @@ class Entries(NamedTuple):
     reference: Callable  # CPU tensors otherwise
 
 
-def _defaults(op: torch._ops.OpOverload) -> tuple[int, tuple]:
-    """(number of schema arguments, defaults of the trailing arguments that have one)."""
-    arguments = op._schema.arguments
-    tail: list[Any] = []
-    for a in reversed(arguments):
-        if not a.has_default_value():
-            break
-        tail.insert(0, a.default_value)
-    return len(arguments), tuple(tail)
+class _Signature:
+    """An op's arguments as its Python kernels receive them: the dispatcher
+    passes positional arguments in order (dropping trailing ones equal to
+    their default) and keyword-only ones by name (only those not at their
+    default).  ``complete`` gives back every schema argument in order,
+    defaults filled in; ``call`` calls the op with such a tuple."""
+
+    def __init__(self, op: torch._ops.OpOverload):
+        arguments = op._schema.arguments
+        self.names = tuple(a.name for a in arguments)
+        self.n_args = len(arguments)
+        self.n_positional = sum(not a.kwarg_only for a in arguments)
+        self.defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
+        self.keyword_names = self.names[self.n_positional :]
+
+    def complete(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        if len(args) == self.n_args:
+            return args
+        rest = [kwargs[n] if n in kwargs else self.defaults[n] for n in self.names[len(args) :]]
+        return (*args, *rest)
+
+    def call(self, op: Callable, args: tuple):
+        """op(*args) for every schema argument in order, the keyword-only ones passed by name."""
+        if self.n_positional == self.n_args:
+            return op(*args)
+        return op(*args[: self.n_positional], **dict(zip(self.keyword_names, args[self.n_positional :], strict=True)))
 
 
-def _with_defaults(fn: Callable, n_args: int, tail: tuple) -> Callable:
-    """fn called with the schema defaults the dispatcher leaves out (it drops
-    trailing arguments equal to their default before calling a Python kernel)."""
-    if not tail:
+def _with_defaults(fn: Callable, sig: _Signature) -> Callable:
+    """fn called with every schema argument, in order, defaults filled in."""
+    if not sig.defaults:
         return fn
 
-    def call(*args):
-        missing = n_args - len(args)
-        return fn(*args, *tail[len(tail) - missing :]) if missing else fn(*args)
+    def call(*args, **kwargs):
+        return fn(*sig.complete(args, kwargs))
 
     return call
 
@@ -110,25 +125,25 @@ def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries)
     LIB.define(schema)
     name = schema.split("(", 1)[0]
     op = getattr(torch.ops.liger, name).default
-    n_args, tail = _defaults(op)
+    sig = _Signature(op)
     cpu = entries.interpreted if INTERPRETER else _reference_on_cpu(entries.reference, name)
     for key, entry in (("CUDA", entries.cuda), ("PrivateUse1", entries.npu), ("CPU", cpu)):
-        LIB.impl(name, _with_defaults(_checked(check, entry), n_args, tail), key)
-    torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), n_args, tail), lib=LIB)
+        LIB.impl(name, _with_defaults(_checked(check, entry), sig), key)
+    torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), sig), lib=LIB)
     return op
 
 
-def _below_autograd(op: Callable, args: tuple):
+def _below_autograd(op: Callable, args: tuple, kwargs: dict[str, Any] | None = None):
     """Call ``op`` with dispatch starting below the Autograd key."""
     with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
+        return op(*args, **(kwargs or {}))
 
 
-def call_from_backward(op: Callable, *args):
+def call_from_backward(op: Callable, *args, **kwargs):
     """Call ``op`` inside an autograd formula.  Unless the backward itself is
     being differentiated (grad mode on), the op's Autograd kernel would only
     redispatch, so dispatch starts below it: one Python kernel fewer."""
-    return op(*args) if torch.is_grad_enabled() else _below_autograd(op, args)
+    return op(*args, **kwargs) if torch.is_grad_enabled() else _below_autograd(op, args, kwargs)
 
 
 def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
@@ -145,13 +160,13 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     grad mode off or no input requiring grad it only redispatches.
     """
     name = op._schema.name.split("::", 1)[1]
-    n_args, tail = _defaults(op)
-    complete = _with_defaults(lambda *args: args, n_args, tail)
+    sig = _Signature(op)
 
     class Formula(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            output = _below_autograd(op, args)
+            with torch._C._AutoDispatchBelowAutograd():
+                output = sig.call(op, args)
             setup_context(ctx, args, output)
             return output
 
@@ -161,10 +176,10 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
 
     Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
 
-    def autograd_kernel(*args):
+    def autograd_kernel(*args, **kwargs):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return Formula.apply(*complete(*args))
-        return _below_autograd(op, args)
+            return Formula.apply(*sig.complete(args, kwargs))
+        return _below_autograd(op, args, kwargs)
 
     LIB.impl(name, autograd_kernel, "Autograd")
 

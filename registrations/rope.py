@@ -7,9 +7,11 @@ rope(q, k, cos, sin) -> (q_out, k_out)
     cos, sin: (S, R), (1, S, R) or (B, S, R), same shape, R even and <= D.
     out = x*cos + rotate_half(x)*sin on the first R dims of each head (all
     R columns of cos/sin are used, exactly as HF's formula does); dims R..D
-    pass through unchanged (partial rotary).  Everything shares q's dtype
-    (float32/bfloat16/float16) and device; math runs in float32.  Each
-    output keeps its input's memory layout (torch.empty_like).
+    pass through unchanged (partial rotary).  q, k, cos and sin may each be
+    float32, bfloat16, float16 or float64 (fp32 tables with bf16 q and k is
+    the AMP case), all on one device; math runs in float32, float64 when q
+    or k is float64.  Each output keeps its input's dtype and memory layout
+    (torch.empty_like).
     Gradients flow to q and k only: cos and sin get none, and if either
     requires grad when autograd records the op it raises ValueError
     instead of returning a wrong zero.
@@ -17,16 +19,21 @@ rope_backward(dq, dk, cos, sin) -> (dq_in, dk_in)
     The transpose of the rotation (the inverse rotation for HF's tables);
     differentiable in dq and dk (its own backward is rope).
 rope_(q, k, cos, sin) -> ()
-    rope in place on q and k, for inference and KV-cache paths; no autograd.
+    rope in place on q and k (inference, KV-cache appends).  It refuses q or
+    k overlapping itself and q and k sharing any element, eagerly and while
+    torch.compile traces.  Autograd treats it as torch's in-place ops: the
+    version counters are bumped, a leaf that requires grad raises, a saved
+    tensor it rotated makes backward raise, and otherwise gradients flow
+    through the rotation (rope_backward) to the values q and k had before.
 """
 
 from __future__ import annotations
 
 import torch
 
-from csrc_free_ops.rope import cuda, npu, reference
-from registrations import _checks
-from registrations._library import Entries, call_from_backward, define_op, register_autograd
+from csrc_free_ops.rope import launch, reference
+from registrations import _checks, overlap
+from registrations._library import LIB, Entries, call_from_backward, define_op, register_autograd
 
 _OP = "liger.rope"
 
@@ -59,8 +66,9 @@ def _check(
 ) -> None:
     """Runs on every eager call: each shape is read once."""
     qn, kn = names
-    _checks.check_float_dtype(op, qn, q)
-    _checks.check_all_like(op, qn, q, ((kn, k), ("cos", cos), ("sin", sin)))
+    for name, t in ((qn, q), (kn, k), ("cos", cos), ("sin", sin)):
+        _checks.check_float(op, name, t)
+    _checks.check_same_device(op, qn, q, ((kn, k), ("cos", cos), ("sin", sin)))
     qs, ks = q.shape, k.shape
     _check_heads(op, qn, qs)
     _check_heads(op, kn, ks)
@@ -71,13 +79,13 @@ def _check(
 
 
 def _check_in_place(q: torch.Tensor, k: torch.Tensor) -> None:
-    """Memory that in-place rotation would corrupt (real tensors only)."""
+    """Memory that in-place rotation would corrupt: exact on real and fake
+    tensors (registrations/overlap.py)."""
     for name, t in (("q", q), ("k", k)):
-        if torch._debug_has_internal_overlap(t) == 1:
+        if overlap.self_overlapping(t):
             raise ValueError(f"{_OP}_: {name} has internally overlapping memory (e.g. an expanded view)")
-    # data_ptr() is 0 on backends whose storage Python cannot see; skip those.
-    if q is k or (q.numel() > 0 and k.numel() > 0 and 0 != q.data_ptr() == k.data_ptr()):
-        raise ValueError(f"{_OP}_: q and k must not be the same memory")
+    if overlap.overlapping(q, k):
+        raise ValueError(f"{_OP}_: q and k overlap in memory; rotating one in place would change the other")
 
 
 def _check_rope(q, k, cos, sin) -> None:
@@ -90,8 +98,7 @@ def _check_rope_backward(dq, dk, cos, sin) -> None:
 
 def _check_rope_(q, k, cos, sin) -> None:
     _check(_OP + "_", q, k, cos, sin)
-    if not isinstance(q, torch._subclasses.FakeTensor):
-        _check_in_place(q, k)
+    _check_in_place(q, k)
 
 
 def _fake(q, k, cos, sin):
@@ -106,30 +113,46 @@ ROPE = define_op(
     "rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
     check=_check_rope,
     fake=_fake,
-    entries=Entries(cuda=cuda.forward, npu=npu.forward, interpreted=cuda.forward, reference=reference.forward),
+    entries=Entries(
+        cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
+    ),
 )
 ROPE_BACKWARD = define_op(
     "rope_backward(Tensor dq, Tensor dk, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
     check=_check_rope_backward,
     fake=_fake,
-    entries=Entries(cuda=cuda.backward, npu=npu.backward, interpreted=cuda.backward, reference=reference.backward),
+    entries=Entries(
+        cuda=launch.cuda_backward,
+        npu=launch.npu_backward,
+        interpreted=launch.cuda_backward,
+        reference=reference.backward,
+    ),
 )
 ROPE_ = define_op(
     "rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
     check=_check_rope_,
     fake=_fake_,
-    entries=Entries(cuda=cuda.forward_, npu=npu.forward_, interpreted=cuda.forward_, reference=reference.forward_),
+    entries=Entries(
+        cuda=launch.cuda_forward_,
+        npu=launch.npu_forward_,
+        interpreted=launch.cuda_forward_,
+        reference=reference.forward_,
+    ),
 )
+
+
+def _refuse_table_grad(op: str, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    if cos.requires_grad or sin.requires_grad:
+        raise ValueError(
+            f"{op}: cos and sin get no gradient, but one of them requires grad; "
+            "pass cos.detach() and sin.detach() (HF's rotary tables need none)"
+        )
 
 
 def _no_table_grad(op: str):
     def setup_context(ctx, inputs, output) -> None:
         _, _, cos, sin = inputs
-        if cos.requires_grad or sin.requires_grad:
-            raise ValueError(
-                f"{op}: cos and sin get no gradient, but one of them requires grad; "
-                "pass cos.detach() and sin.detach() (HF's rotary tables need none)"
-            )
+        _refuse_table_grad(op, cos, sin)
         ctx.save_for_backward(cos, sin)
 
     return setup_context
@@ -151,3 +174,45 @@ def _rope_backward_grad(ctx, ddq, ddk):
 
 register_autograd(ROPE, _rope_grad, setup_context=_no_table_grad(_OP))
 register_autograd(ROPE_BACKWARD, _rope_backward_grad, setup_context=_no_table_grad(_OP + "_backward"))
+
+
+# --- rope_ under autograd: torch's in-place semantics
+#
+# ADInplaceOrView bumps the version counters (as torch.library.custom_op does
+# for ops that mutate), so a saved tensor rotated afterwards fails backward's
+# version check, grad mode or not.  The Autograd kernel records the op as an
+# autograd.Function that marks q and k dirty: a leaf requiring grad raises,
+# and q, k take the rotation into their history (gradient: rope_backward).
+
+
+def _bump_versions(keyset, q, k, *args, **kwargs):
+    for t in (q, k):
+        torch.autograd.graph.increment_version(t)
+    return ROPE_.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, q, k, *args, **kwargs)
+
+
+class _RopeInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        with torch._C._AutoDispatchBelowAutograd():
+            ROPE_(q, k, cos, sin)
+        ctx.mark_dirty(q, k)
+        ctx.save_for_backward(cos, sin)
+        return q, k
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        return _rope_grad(ctx, dq, dk)
+
+
+def _rope_inplace_autograd(q, k, cos, sin) -> None:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, cos, sin)):
+        _refuse_table_grad(_OP + "_", cos, sin)
+        _RopeInPlace.apply(q, k, cos, sin)
+        return None
+    with torch._C._AutoDispatchBelowAutograd():
+        return ROPE_(q, k, cos, sin)
+
+
+LIB.impl("rope_", _bump_versions, "ADInplaceOrView", with_keyset=True)
+LIB.impl("rope_", _rope_inplace_autograd, "Autograd")

@@ -13,8 +13,8 @@ of cos and sin repeat, as HF builds them):
     dx_lo = dy_lo*cos_lo + dy_hi*sin_hi
     dx_hi = dy_hi*cos_hi - dy_lo*sin_lo
 
-Dims R..D pass through.  Math runs in float32 (float64 when given float64);
-outputs come back in the input's dtype and memory layout.
+Dims R..D pass through.  Math runs in float32, float64 when the data is
+float64; outputs come back in each input's dtype and memory layout.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+def compute_dtype(*data: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in data) else torch.float32
 
 
 def _broadcast(table: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
@@ -33,8 +33,7 @@ def _broadcast(table: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
     return table.unsqueeze(1).to(ct)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
-    ct = _compute_dtype(x)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool, ct: torch.dtype) -> torch.Tensor:
     c = _broadcast(cos, ct)
     s = _broadcast(sin, ct)
     rot = c.shape[-1]
@@ -47,11 +46,11 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool
     else:
         y_lo = lo * c[..., :h] - hi * s[..., :h]
         y_hi = hi * c[..., h:] + lo * s[..., h:]
-    return torch.cat((y_lo, y_hi, x1[..., rot:]), dim=-1).to(x.dtype)
+    return torch.cat((y_lo, y_hi, x1[..., rot:]), dim=-1)
 
 
 def _like(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """values in x's memory layout (what the Triton launchers return)."""
+    """values in x's dtype and memory layout (what the Triton launches return)."""
     out = torch.empty_like(x)
     out.copy_(values)
     return out
@@ -60,15 +59,18 @@ def _like(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 def forward(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _like(q, _rotate(q, cos, sin, False)), _like(k, _rotate(k, cos, sin, False))
+    ct = compute_dtype(q, k)
+    return _like(q, _rotate(q, cos, sin, False, ct)), _like(k, _rotate(k, cos, sin, False, ct))
 
 
 def backward(
     dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _like(dq, _rotate(dq, cos, sin, True)), _like(dk, _rotate(dk, cos, sin, True))
+    ct = compute_dtype(dq, dk)
+    return _like(dq, _rotate(dq, cos, sin, True, ct)), _like(dk, _rotate(dk, cos, sin, True, ct))
 
 
 def forward_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    q.copy_(_rotate(q, cos, sin, False))
-    k.copy_(_rotate(k, cos, sin, False))
+    ct = compute_dtype(q, k)
+    q.copy_(_rotate(q, cos, sin, False, ct))
+    k.copy_(_rotate(k, cos, sin, False, ct))
