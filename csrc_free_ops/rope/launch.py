@@ -6,8 +6,11 @@ and the entry of each dispatch key (registrations/rope.py binds them):
 * ``npu_forward`` / ``npu_backward`` / ``npu_forward_``: ``plan.npu`` for
   the Ascend profile (``csrc_free_ops.device``).
 
-``KernelArgs`` is the kernel's runtime argument list, written once: the
-sequence builds it by name and launches it in its order.
+Every function takes the op's arguments by their names: q and k (either may
+be None: the single-tensor form), cos, sin, position_ids, cu_seqlens, pairs,
+mrope_section, mrope_interleaved.  ``KernelArgs`` is the kernel's runtime
+argument list, written once: the sequence builds it by name and launches it
+in its order.
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ from csrc_free_ops.rope.plan import Plan, Problem
 
 # Layouts whose kernel arguments are kept (a bound on the cache's memory).
 MAX_LAYOUTS = 1024
+# ``pairs`` -> (input interleaved, output interleaved)
+PAIRS = {"halves": (False, False), "interleaved": (True, True), "interleaved_to_halves": (True, False)}
 
 
 class KernelArgs(NamedTuple):
     """``kernels.rope_kernel``'s runtime arguments, in its order: the tensors,
-    then sizes, then strides.  q, k, q_out, k_out are (B, H, S, D); cos and
-    sin (B, S, R) with batch stride 0 when shared by the batch."""
+    then sizes, then strides.  q, k, q_out, k_out are (B, H, S, D) (an absent
+    one: the present one's tensor with 0 heads); cos and sin (B, S, R) with
+    batch stride 0 when shared by the batch, or a (max_pos, R) table;
+    position_ids (3, B, S) with stride 0 on the dims it lacks.  Tensors that
+    are not given (position_ids, cu_seqlens) are cos, never read."""
 
     q: Tensor
     k: Tensor
@@ -39,6 +47,8 @@ class KernelArgs(NamedTuple):
     k_out: Tensor
     cos: Tensor
     sin: Tensor
+    position_ids: Tensor
+    cu_seqlens: Tensor
     n_rows: int
     seq_len: int
     n_qh: int
@@ -46,6 +56,11 @@ class KernelArgs(NamedTuple):
     half: int
     rot_dim: int
     head_dim: int
+    max_pos: int
+    n_cu_seqlens: int
+    mrope_section_t: int
+    mrope_section_h: int
+    mrope_section_w: int
     stride_q_b: int
     stride_q_h: int
     stride_q_s: int
@@ -68,40 +83,86 @@ class KernelArgs(NamedTuple):
     stride_sin_b: int
     stride_sin_s: int
     stride_sin_r: int
+    stride_position_ids_t: int
+    stride_position_ids_b: int
+    stride_position_ids_s: int
 
 
-N_TENSORS = 6  # KernelArgs' leading tensor fields
+N_TENSORS = 8  # KernelArgs' leading tensor fields
+
+
+def heads_view(x: Tensor | None) -> Tensor | None:
+    """(T, H, D) packed tokens as a (1, H, T, D) view; (B, H, S, D) as is."""
+    return x.unsqueeze(0).transpose(1, 2) if x is not None and x.dim() == 3 else x
 
 
 def _strides(name: str, t: Tensor) -> dict[str, int]:
-    """q-like (B, H, S, D) strides as KernelArgs fields."""
+    """(B, H, S, D) strides as KernelArgs fields."""
     return dict(zip((f"stride_{name}_{d}" for d in "bhsd"), t.stride(), strict=True))
 
 
-def _table_strides(name: str, t: Tensor) -> dict[str, int]:
-    """cos/sin (batch, seq, col) strides; batch stride 0 when the batch shares the table."""
-    if t.dim() == 2:
+def _table_strides(name: str, t: Tensor, looked_up: bool) -> dict[str, int]:
+    """cos/sin (batch, seq, col) strides: a looked-up table's rows are its
+    positions; a gathered one's batch stride is 0 when the batch shares it."""
+    if looked_up or t.dim() == 2:
         strides = (0, *t.stride())
     else:
         strides = (0 if t.shape[0] == 1 else t.stride(0), t.stride(1), t.stride(2))
     return dict(zip((f"stride_{name}_{d}" for d in "bsr"), strides, strict=True))
 
 
-def kernel_args(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, cos: Tensor, sin: Tensor) -> KernelArgs:
-    batch, n_qh, seq_len, head_dim = q.shape
+def _position_strides(position_ids: Tensor | None, mrope: bool) -> dict[str, int]:
+    """(stream, batch, seq) strides of (S,), (B, S), (3, S) or (3, B, S) ids; 0 where absent or of size 1."""
+    strides = [0, 0, 0]
+    if position_ids is not None:
+        dims = list(zip(position_ids.shape, position_ids.stride(), strict=True))
+        if mrope:
+            strides[0] = dims.pop(0)[1]
+        strides[2] = dims.pop()[1]
+        if dims and dims[0][0] != 1:
+            strides[1] = dims[0][1]
+    return dict(zip(("stride_position_ids_t", "stride_position_ids_b", "stride_position_ids_s"), strides, strict=True))
+
+
+def kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens) -> tuple[Tensor, ...]:
+    """KernelArgs' tensors, in order: an absent q or k (None) is replaced by
+    the present one, absent position_ids / cu_seqlens by cos (never read)."""
+    if q is None:
+        q, q_out = k, k_out
+    elif k is None:
+        k, k_out = q, q_out
+    return (q, k, q_out, k_out, cos, sin, cos if position_ids is None else position_ids,
+            cos if cu_seqlens is None else cu_seqlens)  # fmt: skip
+
+
+def kernel_args(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tensor | None, cos: Tensor,
+                sin: Tensor, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
+                mrope_section: list[int] | None = None) -> KernelArgs:  # fmt: skip
+    """The kernel's arguments for (B, H, S, D) q and k (``heads_view``); an
+    absent q or k (None) gets 0 heads and the present one's tensors."""
+    n_qh = 0 if q is None else q.shape[1]
+    n_kh = 0 if k is None else k.shape[1]
+    tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
+    q, k, q_out, k_out = tensors[:4]
+    batch, _, seq_len, head_dim = q.shape
     rot_dim = cos.shape[-1]
+    looked_up = position_ids is not None or cu_seqlens is not None
+    sections = mrope_section or (0, 0, 0)
     return KernelArgs(
-        q=q, k=k, q_out=q_out, k_out=k_out, cos=cos, sin=sin,
-        n_rows=batch * seq_len, seq_len=seq_len, n_qh=n_qh, n_kh=k.shape[1], half=rot_dim // 2, rot_dim=rot_dim,
-        head_dim=head_dim,
+        *tensors,
+        n_rows=batch * seq_len, seq_len=seq_len, n_qh=n_qh, n_kh=n_kh, half=rot_dim // 2, rot_dim=rot_dim,
+        head_dim=head_dim, max_pos=cos.shape[0] if looked_up else 0,
+        n_cu_seqlens=0 if cu_seqlens is None else cu_seqlens.shape[0],
+        mrope_section_t=sections[0], mrope_section_h=sections[1], mrope_section_w=sections[2],
         **_strides("q", q), **_strides("q_out", q_out), **_strides("k", k), **_strides("k_out", k_out),
-        **_table_strides("cos", cos), **_table_strides("sin", sin),
+        **_table_strides("cos", cos, looked_up), **_table_strides("sin", sin, looked_up),
+        **_position_strides(position_ids, mrope_section is not None),
     )  # fmt: skip
 
 
 class Layout(NamedTuple):
-    """A call's scalar kernel arguments (KernelArgs after the tensors) and
-    their Triton specialization."""
+    """A call's tensors and scalar kernel arguments (KernelArgs split after
+    the tensors), with the scalars' Triton specialization."""
 
     scalars: tuple
     scalar_key: int
@@ -113,121 +174,197 @@ class Layout(NamedTuple):
 _LAYOUTS: dict[tuple, Layout] = {}
 
 
-def layout(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, cos: Tensor, sin: Tensor) -> Layout:
-    """The Layout of these tensors, cached by the shapes and strides it is
-    made from (training repeats them call after call)."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride(),
-           cos.shape, cos.stride(), sin.shape, sin.stride())  # fmt: skip
+def _key(t: Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride())
+
+
+def layout(q, k, q_out, k_out, cos, sin, position_ids=None, cu_seqlens=None, mrope_section=None) -> Layout:
+    """The Layout of these arguments (q, k: (B, H, S, D) or None), cached by
+    the shapes and strides it is made from (training repeats them call after
+    call)."""
+    key = (_key(q), _key(k), _key(q_out), _key(k_out), _key(cos), _key(sin), _key(position_ids),
+           _key(cu_seqlens), None if mrope_section is None else tuple(mrope_section))  # fmt: skip
     found = _LAYOUTS.get(key)
     if found is None:
         if len(_LAYOUTS) >= MAX_LAYOUTS:
             _LAYOUTS.clear()
-        scalars = tuple(kernel_args(q, k, q_out, k_out, cos, sin)[N_TENSORS:])
+        args = kernel_args(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)
+        scalars = tuple(args[N_TENSORS:])
         found = _LAYOUTS[key] = Layout(scalars, scalar_specialization(scalars))
     return found
 
 
-def _compute(*data: Tensor) -> tl.dtype:
-    """float64 math when any data tensor is float64, else float32."""
-    return tl.float64 if any(t.dtype == torch.float64 for t in data) else tl.float32
+def _compute(q: Tensor | None, k: Tensor | None) -> tl.dtype:
+    """float64 math when q or k is float64, else float32."""
+    return tl.float64 if torch.float64 in (getattr(q, "dtype", None), getattr(k, "dtype", None)) else tl.float32
 
 
-@functools.lru_cache(maxsize=256)
+def _positions(position_ids: Tensor | None, cu_seqlens: Tensor | None) -> int:
+    if cu_seqlens is not None:
+        return kernels.CU_SEQLENS.value
+    return kernels.GATHERED.value if position_ids is None else kernels.POSITION_IDS.value
+
+
+def _mrope(mrope_section: list[int] | None, mrope_interleaved: bool) -> int:
+    if mrope_section is None:
+        return kernels.NO_MROPE.value
+    return (kernels.MROPE_INTERLEAVED if mrope_interleaved else kernels.MROPE_SECTIONS).value
+
+
+@functools.lru_cache(maxsize=512)
 def _launcher(
-    block_qh: int, block_kh: int, num_warps: int | None, block_half: int, block_pass: int,
-    grid_stride: bool, heads_fit: bool, copy_pass: bool, backward: bool, compute: tl.dtype,
+    block_qh: int, block_kh: int, num_warps: int | None, block_seqs: int, split_pairs: bool, block_half: int,
+    block_pass: int, grid_stride: bool, heads_fit: bool, copy_pass: bool, backward: bool, x_pairs: bool,
+    y_pairs: bool, table_pairs: bool, positions: int, mrope: int, compute: tl.dtype,
 ) -> Launcher:  # fmt: skip
     """The kernel with its compile-time arguments: a Plan's choices (not its
     grid: plans that differ only in their grid share one Launcher and its
-    compiled kernels) and what the sizes decide."""
+    compiled kernels) and what the call decides."""
     options = {} if num_warps is None else {"num_warps": num_warps}
     return Launcher(
         kernels.rope_kernel, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
-        GRID_STRIDE=grid_stride, HEADS_FIT=heads_fit, COPY_PASS=copy_pass, BACKWARD=backward, COMPUTE=compute,
-        **options,
+        BLOCK_SEQS=block_seqs, GRID_STRIDE=grid_stride, HEADS_FIT=heads_fit, COPY_PASS=copy_pass,
+        BACKWARD=backward, X_PAIRS=x_pairs, Y_PAIRS=y_pairs, TABLE_PAIRS=table_pairs, SPLIT_PAIRS=split_pairs,
+        POSITIONS=positions, MROPE=mrope, COMPUTE=compute, **options,
     )  # fmt: skip
 
 
-def rotate(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, cos: Tensor, sin: Tensor, p: Plan, *,
-           backward: bool) -> None:  # fmt: skip
+def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tensor | None, cos: Tensor, sin: Tensor,
+           p: Plan, *, backward: bool, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
+           pairs: str = "halves", mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
+           ) -> None:  # fmt: skip
     """Write the rotation of q and k (its transpose, backward) into q_out and
-    k_out, which may be q and k themselves.  Out of place, partial rotary
-    also copies the dims it leaves unchanged."""
-    lay = layout(q, k, q_out, k_out, cos, sin)
+    k_out, which may be q and k themselves; q and k (B, H, S, D) or (T, H, D),
+    either may be None.  Out of place, partial rotary also copies the dims it
+    leaves unchanged."""
+    in_place = q_out is q if q is not None else k_out is k
+    q, k, q_out, k_out = heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out)
+    lay = layout(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)
     n_rows, n_qh, n_kh = lay.arg("n_rows"), lay.arg("n_qh"), lay.arg("n_kh")
     if n_rows == 0 or n_qh + n_kh == 0:
         return
     rot_dim, head_dim = lay.arg("rot_dim"), lay.arg("head_dim")
-    copy_pass = q_out is not q and rot_dim < head_dim
+    copy_pass = not in_place and rot_dim < head_dim
+    x_pairs, y_pairs = PAIRS[pairs]
+    if backward:  # reads dy in the forward's output layout, writes dx in its input layout
+        x_pairs, y_pairs = y_pairs, x_pairs
+    table_pairs = x_pairs if backward else y_pairs
     run = _launcher(
-        p.block_qh, p.block_kh, p.num_warps, plan.block_half(rot_dim), plan.block_pass(head_dim, rot_dim),
-        p.walks_rows(n_rows), p.heads_fit(n_qh, n_kh), copy_pass, backward, _compute(q, k),
+        p.block_qh, p.block_kh, p.num_warps, p.block_seqs, p.split_pairs, plan.block_half(rot_dim),
+        plan.block_pass(head_dim, rot_dim), p.walks_rows(n_rows), p.heads_fit(n_qh, n_kh), copy_pass, backward,
+        x_pairs, y_pairs, table_pairs, _positions(position_ids, cu_seqlens), _mrope(mrope_section, mrope_interleaved),
+        _compute(q, k),
     )  # fmt: skip
-    run.launch(p.programs, (q, k, q_out, k_out, cos, sin), lay.scalars, lay.scalar_key)
+    tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
+    run.launch(p.programs, tensors, lay.scalars, lay.scalar_key)
 
 
-def forward(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, p: Plan) -> tuple[Tensor, Tensor]:
-    """(q_out, k_out), each in its input's dtype and memory layout."""
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    rotate(q, k, q_out, k_out, cos, sin, p, backward=False)
+def _empty_like(x: Tensor | None) -> Tensor | None:
+    return None if x is None else torch.empty_like(x)
+
+
+def forward(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
+            position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
+            mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
+            ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+    """(q_out, k_out), each in its input's dtype and memory layout (None for an absent input)."""
+    q_out, k_out = _empty_like(q), _empty_like(k)
+    rotate(q, k, q_out, k_out, cos, sin, p, backward=False, position_ids=position_ids, cu_seqlens=cu_seqlens,
+           pairs=pairs, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
     return q_out, k_out
 
 
-def backward(dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, p: Plan) -> tuple[Tensor, Tensor]:
+def backward(dq: Tensor | None, dk: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
+             position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
+             mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
+             ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """The transposed rotation of the incoming gradients dq, dk."""
-    dq_in, dk_in = torch.empty_like(dq), torch.empty_like(dk)
-    rotate(dq, dk, dq_in, dk_in, cos, sin, p, backward=True)
+    dq_in, dk_in = _empty_like(dq), _empty_like(dk)
+    rotate(dq, dk, dq_in, dk_in, cos, sin, p, backward=True, position_ids=position_ids, cu_seqlens=cu_seqlens,
+           pairs=pairs, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
     return dq_in, dk_in
 
 
-def forward_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, p: Plan) -> None:
-    rotate(q, k, q, k, cos, sin, p, backward=False)
+def forward_(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
+             position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
+             mrope_section: list[int] | None = None, mrope_interleaved: bool = False) -> None:  # fmt: skip
+    rotate(q, k, q, k, cos, sin, p, backward=False, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+           mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-# --- The entries of the dispatch keys
+# --- The entries of the dispatch keys: the op's arguments in schema order, with its defaults
 
 
-def problem(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, copy_pass: bool) -> Problem:
-    """What the planning functions need to know of a call."""
-    batch, n_qh, seq_len, head_dim = q.shape
-    compute = 8 if torch.float64 in (q.dtype, k.dtype) else 4
+def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_pass: bool, *,
+            cu_seqlens: Tensor | None = None, mrope_section: list[int] | None = None) -> Problem:  # fmt: skip
+    """What the planning functions need to know of a call (q, k as the op takes them)."""
+    q4, k4 = heads_view(q), heads_view(k)
+    batch, _, seq_len, head_dim = (q4 if q4 is not None else k4).shape
+    compute = 8 if _compute(q, k) == tl.float64 else 4
     return Problem(
-        batch * seq_len, n_qh, k.shape[1], head_dim, cos.shape[-1], q.element_size(), k.element_size(),
+        batch * seq_len, 0 if q4 is None else q4.shape[1], 0 if k4 is None else k4.shape[1], head_dim, cos.shape[-1],
+        4 if q is None else q.element_size(), 4 if k is None else k.element_size(),
         max(cos.element_size(), sin.element_size()), compute, copy_pass,
+        0 if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is not None,
     )  # fmt: skip
 
 
-def _partial(q: Tensor, cos: Tensor) -> bool:
-    return cos.shape[-1] < q.shape[-1]
+def _partial(q: Tensor | None, k: Tensor | None, cos: Tensor) -> bool:
+    return cos.shape[-1] < (q if q is not None else k).shape[-1]
 
 
-def _cuda_plan(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, copy_pass: bool) -> Plan:
-    return plan.cuda(problem(q, k, cos, sin, copy_pass))
+def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
+    return plan.cuda(problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section))
 
 
-def _npu_plan(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, copy_pass: bool) -> Plan:
-    return plan.npu(problem(q, k, cos, sin, copy_pass), device.npu_ub_bytes(), device.npu_vector_cores())
+def _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
+    problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section)
+    return plan.npu(problem_, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
-def cuda_forward(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    return forward(q, k, cos, sin, _cuda_plan(q, k, cos, sin, _partial(q, cos)))
+def cuda_forward(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
+    return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                   mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-def cuda_backward(dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    return backward(dq, dk, cos, sin, _cuda_plan(dq, dk, cos, sin, _partial(dq, cos)))
+def cuda_backward(
+    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    p = _cuda_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
+    return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-def cuda_forward_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> None:
-    forward_(q, k, cos, sin, _cuda_plan(q, k, cos, sin, False))
+def cuda_forward_(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> None:
+    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, False)
+    forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-def npu_forward(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    return forward(q, k, cos, sin, _npu_plan(q, k, cos, sin, _partial(q, cos)))
+def npu_forward(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
+    return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                   mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-def npu_backward(dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    return backward(dq, dk, cos, sin, _npu_plan(dq, dk, cos, sin, _partial(dq, cos)))
+def npu_backward(
+    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    p = _npu_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
+    return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-def npu_forward_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> None:
-    forward_(q, k, cos, sin, _npu_plan(q, k, cos, sin, False))
+def npu_forward_(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> None:
+    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, False)
+    forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
