@@ -11,9 +11,12 @@ launch policy differs:
 * tile sizes come from the unified buffer (UB) of one vector core.
 
 UB cost model: a kernel keeps ``bytes_per_element`` bytes live in UB for
-each tile element, and half of the UB is left for double buffering, so
-tile = largest power of two <= (UB / 2) / bytes_per_element.  Per element
-(s = x's element size):
+each tile element, and the streaming kernels budget half of the UB, so
+tile = largest power of two <= (UB / 2) / bytes_per_element: bishengir's UB
+plan for the partials kernels, multi-buffering included, takes over twice
+the bytes counted here (forward 44 per element, backward 84), and with the
+half their tiles are the largest that fit (the Ascend compile check,
+docs/npu.md).  Per element (s = x's element size):
 
     forward partials   x (s) + x, x - shift, two accumulators (4 x 4)  s + 16
     forward apply      x, y (2s) + x, y in float32 (2 x 4)             2s + 8
@@ -28,6 +31,9 @@ tile = largest power of two <= (UB / 2) / bytes_per_element.  Per element
 
 A group whose padded [channels, spatial] tile fits the whole-group budget is
 normalized by one program (one launch forward, one plus the reduce backward).
+That budget is the whole UB, not half: bishengir's UB plan for these kernels,
+multi-buffering included, fits groups twice the size a half-UB budget gave
+(the Ascend compile check, docs/npu.md).
 Larger groups take the split path: CUDA's looped-group path relies on L2
 serving its second walk, which has not been measured on an Ascend part.
 
@@ -66,6 +72,12 @@ def tile_elements(bytes_per_elem: int, ub_bytes: int | None = None) -> int:
     return 1 << (fit.bit_length() - 1)
 
 
+def whole_group_elements(itemsize: int, backward: bool, ub_bytes: int) -> int:
+    """Largest power of two of whole-group tile elements that fits the whole UB (at least 1)."""
+    fit = max(1, ub_bytes // group_bytes_per_element(itemsize, backward))
+    return 1 << (fit.bit_length() - 1)
+
+
 class NpuPolicy:
     """Reads the UB size and vector cores (environment overrides included)
     once, at construction; they make up its cache key."""
@@ -76,7 +88,7 @@ class NpuPolicy:
         self.key = ("npu", self._cores, self._ub)
 
     def plan_for(self, n: int, c: int, hw: int, groups: int, itemsize: int, backward: bool) -> Plan:
-        whole_cap = tile_elements(group_bytes_per_element(itemsize, backward), self._ub)
+        whole_cap = whole_group_elements(itemsize, backward, self._ub)
         whole = whole_group_plan(n, c, hw, groups, whole_cap)
         if whole is not None:
             return whole
@@ -93,10 +105,10 @@ class NpuPolicy:
         return self.grid(rows), {}
 
     def loop_options(self, backward: bool, rows: int, group_elements: int, itemsize: int) -> dict:
-        # triton-ascend has no software-pipelining knob; no cache hints either.
+        # One stage: triton-ascend (Triton 3.2) cannot lower a tl.range pipelining depth of None; no cache hints.
         if backward:
-            return {"LOOP_STAGES": None}
-        return {"LOOP_STAGES": None, "STATS_EVICT": "", "OUTPUT_EVICT": ""}
+            return {"LOOP_STAGES": 1}
+        return {"LOOP_STAGES": 1, "STATS_EVICT": "", "OUTPUT_EVICT": ""}
 
     def finalize_block(self, seg_per_group: int, block_c: int = 1) -> int:
         tile = tile_elements(FINALIZE_BYTES_PER_ELEMENT, self._ub)
