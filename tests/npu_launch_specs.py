@@ -177,8 +177,8 @@ def entries() -> list[Entry]:
         Entry("rope", "csrc_free_ops.rope.launch:npu_forward", rope_option_args, ROPE_OPTION_SHAPES),
         Entry("rope", "csrc_free_ops.rope.launch:npu_backward", rope_option_args, ROPE_OPTION_SHAPES),
         Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_option_args, ROPE_OPTION_SHAPES),
-        Entry("group_norm", "csrc_free_ops.group_norm.npu:forward", gn_forward_args, GN_SHAPES),
-        Entry("group_norm", "csrc_free_ops.group_norm.npu:backward", gn_backward_args, GN_SHAPES),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SHAPES, WITH_FP64),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SHAPES, WITH_FP64),
     ]
     # fmt: on
 

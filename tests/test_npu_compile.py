@@ -35,10 +35,10 @@ NPU_BRANCHES = [
     *[("rope_kernel", {"X_PAIRS": x, "Y_PAIRS": y}) for x, y in itertools.product((False, True), repeat=2)],
     *[("rope_kernel", {"POSITIONS": p}) for p in (0, 1, 2)],
     *[("rope_kernel", {"MROPE": m}) for m in (0, 1, 2)],
-    ("fwd_group_kernel", {"HAS_W": True, "HAS_B": True}),
-    ("fwd_group_kernel", {"HAS_W": False, "HAS_B": False}),
-    ("bwd_group_kernel", {"PARAM_GRADS": True}),
-    ("bwd_group_kernel", {"PARAM_GRADS": False}),
+    ("fwd_whole_kernel", {"HAS_W": True, "HAS_B": True}),
+    ("fwd_whole_kernel", {"HAS_W": False, "HAS_B": False}),
+    ("bwd_whole_kernel", {"PARAM_GRADS": True}),
+    ("bwd_whole_kernel", {"PARAM_GRADS": False}),
     ("fwd_partials_kernel", {}),
     ("fwd_finalize_kernel", {}),
     ("fwd_apply_kernel", {"FUSED": True}),
@@ -47,7 +47,7 @@ NPU_BRANCHES = [
     ("bwd_finalize_kernel", {}),
     ("bwd_dx_kernel", {"FUSED": True, "HAS_W": True}),
     ("bwd_dx_kernel", {"FUSED": False, "HAS_W": False}),
-    ("channel_reduce_kernel", {"HAS_W": True, "HAS_B": True}),
+    ("reduce_param_grads_kernel", {"HAS_W": True, "HAS_B": True}),  # group_norm's (poly_norm's has no HAS_W)
 ]
 
 
