@@ -45,26 +45,50 @@ class Entries(NamedTuple):
     reference: Callable  # CPU tensors otherwise
 
 
-def _defaults(op: torch._ops.OpOverload) -> tuple[int, tuple]:
-    """(number of schema arguments, defaults of the trailing arguments that have one)."""
-    arguments = op._schema.arguments
-    tail: list[Any] = []
-    for a in reversed(arguments):
-        if not a.has_default_value():
-            break
-        tail.insert(0, a.default_value)
-    return len(arguments), tuple(tail)
+class _Signature:
+    """An op's arguments as its Python kernels receive them: the dispatcher
+    passes positional arguments in order (dropping trailing ones equal to
+    their default) and keyword-only ones by name (only those not at their
+    default).  ``complete`` gives back every schema argument in order,
+    defaults filled in; ``call`` calls the op with such a tuple."""
+
+    def __init__(self, op: torch._ops.OpOverload):
+        arguments = op._schema.arguments
+        self.names = tuple(a.name for a in arguments)
+        self.n_args = len(arguments)
+        self.n_positional = sum(not a.kwarg_only for a in arguments)
+        self.defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
+        self.keyword_names = self.names[self.n_positional :]
+
+    def complete(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        if len(args) == self.n_args:
+            return args
+        return (*args, *(kwargs[n] if n in kwargs else self.defaults[n] for n in self.names[len(args) :]))
+
+    def call(self, op: Callable, args: tuple):
+        """op(*args) for every schema argument in order, the keyword-only ones passed by name."""
+        if self.n_positional == self.n_args:
+            return op(*args)
+        return op(*args[: self.n_positional], **dict(zip(self.keyword_names, args[self.n_positional :], strict=True)))
 
 
-def _with_defaults(fn: Callable, n_args: int, tail: tuple) -> Callable:
-    """fn called with the schema defaults the dispatcher leaves out (it drops
-    trailing arguments equal to their default before calling a Python kernel)."""
-    if not tail:
+_SIGNATURES: dict[Any, _Signature] = {}
+
+
+def _signature(op: torch._ops.OpOverload) -> _Signature:
+    sig = _SIGNATURES.get(op)
+    if sig is None:
+        sig = _SIGNATURES[op] = _Signature(op)
+    return sig
+
+
+def _with_defaults(fn: Callable, sig: _Signature) -> Callable:
+    """fn called with every schema argument, in order, defaults filled in."""
+    if not sig.defaults:
         return fn
 
-    def call(*args):
-        missing = n_args - len(args)
-        return fn(*args, *tail[len(tail) - missing :]) if missing else fn(*args)
+    def call(*args, **kwargs):
+        return fn(*sig.complete(args, kwargs))
 
     return call
 
@@ -139,11 +163,11 @@ def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries)
     LIB.define(schema)
     name = schema.split("(", 1)[0]
     op = getattr(torch.ops.liger, name).default
-    n_args, tail = _defaults(op)
+    sig = _signature(op)
     cpu = entries.interpreted if INTERPRETER else _reference_on_cpu(entries.reference, name)
     for key, entry in (("CUDA", entries.cuda), ("PrivateUse1", entries.npu), ("CPU", cpu)):
-        LIB.impl(name, _with_defaults(_checked(check, entry), n_args, tail), key)
-    torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), n_args, tail), lib=LIB)
+        LIB.impl(name, _with_defaults(_checked(check, entry), sig), key)
+    torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), sig), lib=LIB)
     privateuse1 = torch._C._get_privateuse1_backend_name()
     _BOUND[op] = _Bound(check, {"cuda": entries.cuda, "cpu": cpu, privateuse1: entries.npu})
     return op
@@ -197,10 +221,11 @@ def _direct_entry(op: torch._ops.OpOverload, args: tuple) -> Callable | None:
     return None if kind is None else bound.by_device.get(kind)
 
 
-def _below_autograd(op: Callable, args: tuple):
-    """Call ``op`` with dispatch starting below the Autograd key."""
+def _below_autograd(op: torch._ops.OpOverload, args: tuple):
+    """Call ``op`` (every schema argument given, in order) with dispatch
+    starting below the Autograd key."""
     with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
+        return _signature(op).call(op, args)
 
 
 def _checked_below_autograd(op: torch._ops.OpOverload, args: tuple):
@@ -224,7 +249,7 @@ def call_from_backward(op: torch._ops.OpOverload, *args):
     tensors, and autograd hands the incoming gradient with its output's
     shape, dtype and device."""
     if torch.is_grad_enabled() or (forward_ad._current_level >= 0 and _any_tangent(args)):
-        return op(*args)
+        return _signature(op).call(op, args)
     entry = _direct_entry(op, args)
     return entry(*args) if entry is not None else _below_autograd(op, args)
 
@@ -258,8 +283,7 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     Forward-mode AD and torch.func transforms: see the section below.
     """
     name = op._schema.name.split("::", 1)[1]
-    n_args, tail = _defaults(op)
-    complete = _with_defaults(lambda *args: args, n_args, tail)
+    sig = _signature(op)
 
     class Formula(torch.autograd.Function):
         @staticmethod
@@ -283,8 +307,8 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
 
     tensor_positions = _tensor_positions(op)
 
-    def autograd_kernel(*args):
-        args = complete(*args)
+    def autograd_kernel(*args, **kwargs):
+        args = sig.complete(args, kwargs)
         if torch.is_grad_enabled():
             for i in tensor_positions:
                 a = args[i]

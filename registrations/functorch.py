@@ -6,12 +6,15 @@ slow per-sample loop with a warning):
 * poly_norm, group_norm: the vmapped dim becomes extra rows / samples of one
   call when only the data is batched; batched parameters run per sample.
 * rope, rope_backward: the vmapped dim is folded into the batch of one call
-  when only q/k (dq/dk) are batched; batched tables run per sample.
+  when only q/k (dq/dk) are batched, (B, H, S, D) and no cu_seqlens
+  (per-sample tables and position ids repeat for each vmapped sample);
+  otherwise per sample.
 * poly_norm_backward, group_norm_backward: per sample (dweight and dbias are
   sums over each sample's rows, which one call would add across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
 
-Gradients through rope_ (in place, no autograd by design) raise naming it.
+rope_ takes reverse-mode gradients (registrations/rope.py); forward-mode AD
+through it raises naming it.
 
 Forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad): the
 op's Autograd kernel (registrations/_library.py) routes dual tensors to its
@@ -47,11 +50,15 @@ def _at(t, dim, i):
     return t if dim is None else t.select(dim, i)
 
 
-def _per_sample(op: torch._ops.OpOverload) -> Callable:
-    """A vmap rule calling op once per sample and stacking each output (None stays None)."""
+def _per_sample(op: torch._ops.OpOverload, options: dict | None = None) -> Callable:
+    """A vmap rule calling op once per sample and stacking each output (None
+    stays None); ``options``: keyword-only arguments passed to every call."""
 
     def rule(info, in_dims, *args):
-        outs = [op(*(_at(a, d, i) for a, d in zip(args, in_dims, strict=True))) for i in range(info.batch_size)]
+        outs = [
+            op(*(_at(a, d, i) for a, d in zip(args, in_dims, strict=True)), **(options or {}))
+            for i in range(info.batch_size)
+        ]
         if outs[0] is None:  # in place: the samples were written through their views
             return None, None
         if not isinstance(outs[0], tuple):
@@ -86,24 +93,55 @@ def _group_norm_vmap(info, in_dims, x, num_groups, weight, bias, eps):
     return y.reshape(xb.shape), 0
 
 
+ROPE_POSITIONAL = 6  # q, k, cos, sin, position_ids, cu_seqlens; then pairs, mrope_section, mrope_interleaved
+
+
+def _rope_options(rest: tuple) -> dict:
+    return dict(zip(("pairs", "mrope_section", "mrope_interleaved"), rest, strict=True))
+
+
 def _rope_vmap(op: torch._ops.OpOverload) -> Callable:
-    def rule(info, in_dims, q, k, cos, sin):
-        if not _batched_data_only(0, 1)(in_dims):
-            return _per_sample(op)(info, in_dims, q, k, cos, sin)
+    def rule(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens, *rest):
+        options = _rope_options(rest)
+        in_dims = in_dims[:ROPE_POSITIONAL]
+        if not _batched_data_only(0, 1)(in_dims) or cu_seqlens is not None:
+            return _per_sample(op, options)(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens)
         n = info.batch_size
-        qb, kb = _front(q, in_dims[0], n), _front(k, in_dims[1], n)
-        batch = qb.shape[1]
+        qb = None if q is None else _front(q, in_dims[0], n)
+        kb = None if k is None else _front(k, in_dims[1], n)
+        front = qb if qb is not None else kb
+        if front.dim() != 5:  # packed (T, H, D) tokens: one sequence per call
+            return _per_sample(op, options)(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens)
+        batch = front.shape[1]
 
         def fold(t):  # (n, B, ...) -> (n*B, ...)
-            return t.reshape(n * batch, *t.shape[2:])
+            return None if t is None else t.reshape(n * batch, *t.shape[2:])
 
-        def table(t):  # per-sample tables (B, S, R) repeat for each vmapped sample; shared ones broadcast
-            return fold(t.expand(n, *t.shape)) if t.dim() == 3 and t.shape[0] != 1 else t
+        def table(t):  # per-sample gathered tables (B, S, R) repeat for each vmapped sample; shared ones broadcast
+            if position_ids is None and t.dim() == 3 and t.shape[0] != 1:
+                return fold(t.expand(n, *t.shape))
+            return t
 
-        out_q, out_k = op(fold(qb), fold(kb), table(cos), table(sin))
-        return (out_q.reshape(qb.shape), out_k.reshape(kb.shape)), (0, 0)
+        mrope = options["mrope_section"] is not None
+
+        def ids(t):  # per-sample position ids, (B, S) or M-RoPE's (3, B, S), repeat likewise
+            if t is None or t.dim() != (3 if mrope else 2) or t.shape[-2] == 1:
+                return t
+            if mrope:
+                return t.unsqueeze(1).expand(3, n, *t.shape[1:]).reshape(3, n * batch, t.shape[-1])
+            return fold(t.expand(n, *t.shape))
+
+        out_q, out_k = op(fold(qb), fold(kb), table(cos), table(sin), ids(position_ids), None, **options)
+        outs = (None if out_q is None else out_q.reshape(qb.shape), None if out_k is None else out_k.reshape(kb.shape))
+        return outs, tuple(None if o is None else 0 for o in outs)
 
     return rule
+
+
+def _rope_inplace_vmap(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens, *rest):
+    return _per_sample(ROPE_, _rope_options(rest))(
+        info, in_dims[:ROPE_POSITIONAL], q, k, cos, sin, position_ids, cu_seqlens
+    )
 
 
 VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
@@ -111,7 +149,7 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     POLY_NORM_BACKWARD: _per_sample(POLY_NORM_BACKWARD),
     ROPE: _rope_vmap(ROPE),
     ROPE_BACKWARD: _rope_vmap(ROPE_BACKWARD),
-    ROPE_: _per_sample(ROPE_),
+    ROPE_: _rope_inplace_vmap,
     GROUP_NORM: _group_norm_vmap,
     GROUP_NORM_BACKWARD: _per_sample(GROUP_NORM_BACKWARD),
 }
@@ -126,12 +164,21 @@ def _tangent(t, like):
 
 def _rope_jvp(op: torch._ops.OpOverload) -> Callable:
     def rule(primals, tangents):
-        q, k, cos, sin = primals
-        tq, tk, tcos, tsin = tangents
-        out_q, out_k = op(_tangent(tq, q), _tangent(tk, k), cos, sin)
+        q, k, cos, sin, position_ids, cu_seqlens, *rest = primals
+        tq, tk, tcos, tsin = tangents[:4]
+        options = _rope_options(tuple(rest))
+
+        def call(x, y, c, s):
+            return op(x, y, c, s, position_ids, cu_seqlens, **options)
+
+        def zero_if_absent(t, like):
+            return None if like is None else _tangent(t, like)
+
+        out_q, out_k = call(zero_if_absent(tq, q), zero_if_absent(tk, k), cos, sin)
         if tcos is not None or tsin is not None:
-            dq, dk = op(q, k, _tangent(tcos, cos), _tangent(tsin, sin))
-            out_q, out_k = out_q + dq, out_k + dk
+            dq, dk = call(q, k, _tangent(tcos, cos), _tangent(tsin, sin))
+            out_q = None if out_q is None else out_q + dq
+            out_k = None if out_k is None else out_k + dk
         return out_q, out_k
 
     return rule
@@ -178,12 +225,17 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
 
 
 def _with_defaults(op: torch._ops.OpOverload, rule: Callable) -> Callable:
-    """rule called with every schema argument (the dispatcher leaves out trailing defaults)."""
+    """rule called with every schema argument in order (the dispatcher leaves
+    out trailing positional defaults and passes keyword-only arguments by
+    name, those at their default left out); in_dims cover the positional ones."""
     arguments = op._schema.arguments
+    positional = [a for a in arguments if not a.kwarg_only]
+    keyword = [a for a in arguments if a.kwarg_only]
 
-    def complete(info, in_dims, *args):
-        tail = arguments[len(args) :]
-        return rule(info, (*in_dims, *(None,) * len(tail)), *args, *(a.default_value for a in tail))
+    def complete(info, in_dims, *args, **kwargs):
+        tail = positional[len(args) :]
+        rest = (*(a.default_value for a in tail), *(kwargs.get(a.name, a.default_value) for a in keyword))
+        return rule(info, (*in_dims, *(None,) * len(tail)), *args, *rest)
 
     return complete
 

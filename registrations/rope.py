@@ -1,153 +1,401 @@
-"""torch.ops.liger.rope, rope_backward and rope_ (rotary position embedding,
-HuggingFace's rotate_half convention).
+"""torch.ops.liger.rope, rope_backward and rope_ (rotary position embedding).
 
-rope(q, k, cos, sin) -> (q_out, k_out)
-    q: (B, Hq, S, D), k: (B, Hkv, S, D), Hq and Hkv independent (GQA/MQA);
-    any strides (HF's transposed (B, S, H, D) views are read in place).
-    cos, sin: (S, R), (1, S, R) or (B, S, R), same shape, R even and <= D.
-    out = x*cos + rotate_half(x)*sin on the first R dims of each head (all
-    R columns of cos/sin are used, exactly as HF's formula does); dims R..D
-    pass through unchanged (partial rotary).  Everything shares q's dtype
-    (float32/bfloat16/float16) and device; math runs in float32.  Each
-    output keeps its input's memory layout (torch.empty_like).
+rope(q, k, cos, sin, position_ids=None, cu_seqlens=None, *, pairs="halves",
+     mrope_section=None, mrope_interleaved=False) -> (q_out, k_out)
+    q: (B, Hq, S, D) and k: (B, Hkv, S, D), or packed tokens (T, Hq, D) and
+    (T, Hkv, D); Hq and Hkv independent (GQA/MQA); any strides (HF's
+    transposed (B, S, H, D) views are read in place).  k may be None: the
+    single-tensor form rotates q alone, and k alone (a KV-cache append) is
+    rope(k, None, ...); the second output is then None.  (q cannot be None:
+    DTensor's sharding propagation needs the first output to be a Tensor.)
+    R = cos.shape[-1], even, 2 <= R <= D: the first R dims of each head
+    rotate, dims R..D pass through (partial rotary).
+    Where each row's cos/sin come from:
+      * default: cos, sin already gathered, (S, R), (1, S, R) or (B, S, R)
+        ((T, R) or (1, T, R) for packed tokens);
+      * position_ids (int32/int64, (B, S), (1, S) or (S,); (T,) or (1, T)
+        packed): rows of (max_pos, R) tables, gathered in the kernel
+        (packed sequences: ids restarting at each document);
+      * cu_seqlens (int32/int64, (n + 1,), flash-attn's varlen boundaries,
+        for packed tokens or B = 1): each token's offset in its sequence
+        indexes the (max_pos, R) tables;
+      * mrope_section [t, h, w] with position_ids (3, B, S), (3, 1, S) or
+        (3, S): M-RoPE (Qwen2-VL sections; mrope_interleaved=True: the
+        Qwen3-VL interleaving), t + h + w = R/2.
+    pairs: "halves" (rotate_half: (x[p], x[p + R/2]); Llama, NeoX, Qwen),
+    "interleaved" ((x[2p], x[2p+1]); GPT-J, GLM, Cohere), or
+    "interleaved_to_halves" (reads interleaved pairs, writes halves;
+    DeepSeek-V3's rope_interleave).  cos and sin are laid out like the
+    output's rotary dims (what HF builds for each convention).
+    Out-of-range positions: ValueError on the CPU paths; on GPU and NPU the
+    table is never read out of bounds and such a row's rotated dims are NaN.
+    q, k, cos and sin may each be float32, bfloat16, float16 or float64 (fp32
+    tables with bf16 q and k is the AMP case), all on one device; math runs
+    in float32, float64 when q or k is float64.  Each output keeps its
+    input's dtype and memory layout (torch.empty_like).
     Gradients flow to q and k only: cos and sin get none, and if either
     requires grad when autograd records the op it raises ValueError
     instead of returning a wrong zero.
-rope_backward(dq, dk, cos, sin) -> (dq_in, dk_in)
+rope_backward(dq, dk, cos, sin, *, same options) -> (dq_in, dk_in)
     The transpose of the rotation (the inverse rotation for HF's tables);
     differentiable in dq and dk (its own backward is rope).
-rope_(q, k, cos, sin) -> ()
-    rope in place on q and k, for inference and KV-cache paths; no autograd.
+rope_(q, k, cos, sin, *, same options) -> ()
+    rope in place on q and k (inference, KV-cache appends).  It refuses q or
+    k overlapping itself and q and k sharing any element, eagerly and while
+    torch.compile traces.  Autograd treats it as torch's in-place ops: the
+    version counters are bumped, a leaf that requires grad raises, a saved
+    tensor it rotated makes backward raise, and otherwise gradients flow
+    through the rotation (rope_backward) to the values q and k had before.
+    Forward-mode AD and gradients under torch.func transforms raise
+    NotImplementedError naming rope_ (use rope).
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
-from csrc_free_ops.rope import cuda, npu, reference
-from registrations import _checks
-from registrations._library import Entries, call_from_backward, define_op, register_autograd
+from csrc_free_ops.rope import launch, reference
+from registrations import _checks, overlap
+from registrations._library import LIB, Entries, call_from_backward, define_op, register_autograd
 
 _OP = "liger.rope"
+# position_ids and cu_seqlens are positional (with defaults): torch.library.register_vmap and
+# custom_op take no keyword-only tensors.  The rest are keyword-only.
+OPTIONS = "Tensor? position_ids=None, Tensor? cu_seqlens=None, *, str pairs='halves', int[]? mrope_section=None, " \
+    "bool mrope_interleaved=False"  # fmt: skip
+PAIRS = tuple(launch.PAIRS)
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _check_heads(op: str, name: str, shape: torch.Size) -> None:
-    if len(shape) != 4:
-        raise ValueError(f"{op}: {name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(shape)}")
+def _check_options(op: str, cos, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
+    if pairs not in PAIRS:
+        raise ValueError(f"{op}: pairs must be one of {', '.join(map(repr, PAIRS))}, got {pairs!r}")
+    if position_ids is not None and cu_seqlens is not None:
+        raise ValueError(f"{op}: pass position_ids or cu_seqlens, not both")
+    for name, t in (("position_ids", position_ids), ("cu_seqlens", cu_seqlens)):
+        if t is not None and t.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{op}: {name} must be int32 or int64, got {t.dtype}")
+    if mrope_section is None:
+        if mrope_interleaved:
+            raise ValueError(f"{op}: mrope_interleaved=True needs mrope_section")
+        return
+    if position_ids is None:
+        raise ValueError(f"{op}: mrope_section needs position_ids of shape (3, B, S), (3, 1, S) or (3, S)")
+    rot = cos.shape[-1]
+    if len(mrope_section) != 3 or any(s < 0 for s in mrope_section) or sum(mrope_section) != rot // 2:
+        raise ValueError(
+            f"{op}: mrope_section must be 3 non-negative sizes [t, h, w] summing to R/2 = {rot // 2}, "
+            f"got {list(mrope_section)}"
+        )
 
 
-def _check_table(op: str, cos: torch.Size, sin: torch.Size, batch: int, seq: int, head_dim: int) -> None:
-    """cos and sin are the tables' shapes."""
-    if cos != sin:
-        raise ValueError(f"{op}: cos and sin must have the same shape, got {tuple(cos)} and {tuple(sin)}")
+def _check_heads(op: str, names: tuple[str, str], q, k) -> tuple[str, torch.Tensor]:
+    """q and k (either may be None): ranks and matching sizes; returns the first present (name, tensor)."""
+    present = [(n, t) for n, t in zip(names, (q, k), strict=True) if t is not None]
+    if not present:
+        raise ValueError(f"{op}: {names[0]} and {names[1]} are both None; pass at least one")
+    for name, t in present:
+        if t.dim() not in (3, 4):
+            raise ValueError(
+                f"{op}: {name} must be 4-D (batch, heads, seq, head_dim) or 3-D packed tokens "
+                f"(tokens, heads, head_dim), got shape {tuple(t.shape)}"
+            )
+    if len(present) == 2:
+        (qn, qt), (kn, kt) = present
+        if qt.dim() != kt.dim():
+            raise ValueError(f"{op}: {qn} and {kn} must have the same rank, got {qt.dim()}-D and {kt.dim()}-D")
+        dims = ((0, "batch size"), (2, "sequence length"), (3, "head_dim")) if qt.dim() == 4 else (
+            (0, "token count"), (2, "head_dim"))  # fmt: skip
+        for dim, what in dims:
+            if qt.shape[dim] != kt.shape[dim]:
+                raise ValueError(
+                    f"{op}: {qn} and {kn} must have the same {what}, got {qt.shape[dim]} and {kt.shape[dim]}"
+                )
+    return present[0]
+
+
+def _sizes(x: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, seq, head_dim); packed tokens are one sequence."""
+    return (1, x.shape[0], x.shape[2]) if x.dim() == 3 else (x.shape[0], x.shape[2], x.shape[3])
+
+
+def _check_gathered(op: str, cos: torch.Size, packed: bool, batch: int, seq: int) -> None:
     rank = len(cos)
-    if rank not in (2, 3) or (rank == 3 and cos[0] != 1 and cos[0] != batch):
+    if packed:
+        ok = rank == 2 or (rank == 3 and cos[0] == 1)
+        if not ok:
+            raise ValueError(f"{op}: cos/sin must have shape (T, R) or (1, T, R) for packed tokens, got {tuple(cos)}")
+    elif rank not in (2, 3) or (rank == 3 and cos[0] != 1 and cos[0] != batch):
         raise ValueError(
             f"{op}: cos/sin must have shape (S, R), (1, S, R) or (B, S, R) with B={batch}, got {tuple(cos)}"
         )
     if cos[-2] != seq:
         raise ValueError(f"{op}: cos/sin have sequence length {cos[-2]} but q and k have {seq}")
-    rot = cos[-1]
+
+
+def _check_position_ids(op: str, ids: torch.Size, mrope: bool, packed: bool, batch: int, seq: int) -> None:
+    lead = (3,) if mrope else ()
+    if packed:
+        shapes = [(*lead, seq), (*lead, 1, seq)]
+    else:
+        shapes = [(*lead, batch, seq), (*lead, 1, seq), (*lead, seq)]
+    if tuple(ids) not in shapes:
+        wanted = " or ".join(str(s) for s in dict.fromkeys(shapes))
+        raise ValueError(f"{op}: position_ids must have shape {wanted}, got {tuple(ids)}")
+
+
+def _check_looked_up(op: str, cos, position_ids, cu_seqlens, mrope: bool, packed: bool, batch: int, seq: int):
+    if cos.dim() != 2 or cos.shape[0] < 1:
+        raise ValueError(
+            f"{op}: with position_ids or cu_seqlens, cos/sin are (max_pos, R) tables, got shape {tuple(cos.shape)}"
+        )
+    if position_ids is not None:
+        _check_position_ids(op, position_ids.shape, mrope, packed, batch, seq)
+        return
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"{op}: cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
+    if batch != 1:
+        raise ValueError(f"{op}: cu_seqlens needs packed tokens, (T, H, D) or batch 1, got batch {batch}")
+
+
+def _check(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved,
+           names=("q", "k")) -> None:  # fmt: skip
+    """Runs in every binding and the fake kernel: shapes, dtypes, devices, options."""
+    ref_name, ref = _check_heads(op, names, q, k)
+    tensors = [(n, t) for n, t in zip(names, (q, k), strict=True) if t is not None] + [("cos", cos), ("sin", sin)]
+    for name, t in tensors:
+        _checks.check_float(op, name, t)
+    indices = [(n, t) for n, t in (("position_ids", position_ids), ("cu_seqlens", cu_seqlens)) if t is not None]
+    _checks.check_same_device(op, ref_name, ref, (*tensors, *indices))
+    if cos.shape != sin.shape:
+        raise ValueError(f"{op}: cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    _check_options(op, cos, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    batch, seq, head_dim = _sizes(ref)
+    packed = ref.dim() == 3
+    if position_ids is None and cu_seqlens is None:
+        _check_gathered(op, cos.shape, packed, batch, seq)
+    else:
+        _check_looked_up(op, cos, position_ids, cu_seqlens, mrope_section is not None, packed, batch, seq)
+    rot = cos.shape[-1]
     if rot % 2 != 0 or rot < 2 or rot > head_dim:
         raise ValueError(
             f"{op}: rotary dim R = cos.shape[-1] must be even and between 2 and head_dim={head_dim}, got {rot}"
         )
 
 
-def _check(
-    op: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, names: tuple[str, str] = ("q", "k")
-) -> None:
-    """Runs on every eager call: each shape is read once."""
-    qn, kn = names
-    _checks.check_float_dtype(op, qn, q)
-    _checks.check_all_like(op, qn, q, ((kn, k), ("cos", cos), ("sin", sin)))
-    qs, ks = q.shape, k.shape
-    _check_heads(op, qn, qs)
-    _check_heads(op, kn, ks)
-    for dim, what in ((0, "batch size"), (2, "sequence length"), (3, "head_dim")):
-        if qs[dim] != ks[dim]:
-            raise ValueError(f"{op}: {qn} and {kn} must have the same {what}, got {qs[dim]} and {ks[dim]}")
-    _check_table(op, cos.shape, sin.shape, qs[0], qs[2], qs[3])
-
-
-def _check_in_place(q: torch.Tensor, k: torch.Tensor) -> None:
-    """Memory that in-place rotation would corrupt (real tensors only)."""
+def _check_in_place(q: torch.Tensor | None, k: torch.Tensor | None) -> None:
+    """Memory that in-place rotation would corrupt: exact on real and fake
+    tensors (registrations/overlap.py)."""
     for name, t in (("q", q), ("k", k)):
-        if torch._debug_has_internal_overlap(t) == 1:
+        if t is not None and overlap.self_overlapping(t):
             raise ValueError(f"{_OP}_: {name} has internally overlapping memory (e.g. an expanded view)")
-    # data_ptr() is 0 on backends whose storage Python cannot see; skip those.
-    if q is k or (q.numel() > 0 and k.numel() > 0 and 0 != q.data_ptr() == k.data_ptr()):
-        raise ValueError(f"{_OP}_: q and k must not be the same memory")
+    if q is not None and k is not None and overlap.overlapping(q, k):
+        raise ValueError(f"{_OP}_: q and k overlap in memory; rotating one in place would change the other")
 
 
-def _check_rope(q, k, cos, sin) -> None:
-    _check(_OP, q, k, cos, sin)
+def _check_rope(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
+    _check(_OP, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
 
 
-def _check_rope_backward(dq, dk, cos, sin) -> None:
-    _check(_OP + "_backward", dq, dk, cos, sin, ("dq", "dk"))
+def _check_rope_backward(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+    _check(_OP + "_backward", dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved,
+           ("dq", "dk"))  # fmt: skip
 
 
-def _check_rope_(q, k, cos, sin) -> None:
-    _check(_OP + "_", q, k, cos, sin)
-    if not isinstance(q, torch._subclasses.FakeTensor):
-        _check_in_place(q, k)
+def _check_rope_(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
+    _check(_OP + "_", q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    _check_in_place(q, k)
 
 
-def _fake(q, k, cos, sin):
-    return torch.empty_like(q), torch.empty_like(k)
+# --- Positions: checked against the tables where the values can be read
+# without a device sync (the CPU bindings).  On GPU and NPU the kernel masks
+# rows outside the table (NaN results, never an out-of-bounds read).
 
 
-def _fake_(q, k, cos, sin) -> None:
+def check_positions(op: str, q, k, cos, position_ids, cu_seqlens) -> None:
+    """position_ids within [0, max_pos); cu_seqlens from 0 to the token count,
+    non-decreasing, no sequence longer than the tables."""
+    max_pos = cos.shape[0]
+    if position_ids is not None and position_ids.numel() > 0:
+        lo, hi = int(position_ids.min()), int(position_ids.max())
+        if lo < 0 or hi >= max_pos:
+            raise ValueError(
+                f"{op}: position_ids must lie in [0, {max_pos}) (the rows of cos/sin), got values from {lo} to {hi}"
+            )
+    if cu_seqlens is not None:
+        tokens = _sizes(q if q is not None else k)[1]
+        bounds = cu_seqlens.long()
+        lengths = bounds[1:] - bounds[:-1]
+        if int(bounds[0]) != 0 or int(bounds[-1]) != tokens or bool((lengths < 0).any()):
+            raise ValueError(f"{op}: cu_seqlens must rise from 0 to the token count {tokens}, got {bounds.tolist()}")
+        longest = int(lengths.max())
+        if longest > max_pos:
+            raise ValueError(
+                f"{op}: a sequence of cu_seqlens has {longest} tokens, more than the {max_pos} rows of cos/sin"
+            )
+
+
+def _on_cpu(op: str, entry):
+    """A CPU binding's entry after the position check (CPU values read freely)."""
+
+    def run(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+        check_positions(op, q, k, cos, position_ids, cu_seqlens)
+        return entry(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+
+    return run
+
+
+def _fake(q, k, cos, sin, *options):
+    return (None if q is None else torch.empty_like(q)), (None if k is None else torch.empty_like(k))
+
+
+def _fake_(q, k, cos, sin, *options) -> None:
     return None
 
 
 ROPE = define_op(
-    "rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
+    f"rope(Tensor q, Tensor? k, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor, Tensor?)",
     check=_check_rope,
     fake=_fake,
-    entries=Entries(cuda=cuda.forward, npu=npu.forward, interpreted=cuda.forward, reference=reference.forward),
+    entries=Entries(
+        cuda=launch.cuda_forward,
+        npu=launch.npu_forward,
+        interpreted=_on_cpu(_OP, launch.cuda_forward),
+        reference=_on_cpu(_OP, reference.forward),
+    ),
 )
 ROPE_BACKWARD = define_op(
-    "rope_backward(Tensor dq, Tensor dk, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
+    f"rope_backward(Tensor dq, Tensor? dk, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor, Tensor?)",
     check=_check_rope_backward,
     fake=_fake,
-    entries=Entries(cuda=cuda.backward, npu=npu.backward, interpreted=cuda.backward, reference=reference.backward),
+    entries=Entries(
+        cuda=launch.cuda_backward,
+        npu=launch.npu_backward,
+        interpreted=_on_cpu(_OP + "_backward", launch.cuda_backward),
+        reference=_on_cpu(_OP + "_backward", reference.backward),
+    ),
 )
 ROPE_ = define_op(
-    "rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
+    f"rope_(Tensor(a!) q, Tensor(b!)? k, Tensor cos, Tensor sin, {OPTIONS}) -> ()",
     check=_check_rope_,
     fake=_fake_,
-    entries=Entries(cuda=cuda.forward_, npu=npu.forward_, interpreted=cuda.forward_, reference=reference.forward_),
+    entries=Entries(
+        cuda=launch.cuda_forward_,
+        npu=launch.npu_forward_,
+        interpreted=_on_cpu(_OP + "_", launch.cuda_forward_),
+        reference=_on_cpu(_OP + "_", reference.forward_),
+    ),
 )
+
+
+# --- Autograd
+
+
+def _refuse_table_grad(op: str, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    if cos.requires_grad or sin.requires_grad:
+        raise ValueError(
+            f"{op}: cos and sin get no gradient, but one of them requires grad; "
+            "pass cos.detach() and sin.detach() (HF's rotary tables need none)"
+        )
+
+
+def _save(ctx, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
+    ctx.save_for_backward(cos, sin, position_ids, cu_seqlens)
+    ctx.options = {"pairs": pairs, "mrope_section": mrope_section, "mrope_interleaved": mrope_interleaved}
 
 
 def _no_table_grad(op: str):
     def setup_context(ctx, inputs, output) -> None:
-        _, _, cos, sin = inputs
-        if cos.requires_grad or sin.requires_grad:
-            raise ValueError(
-                f"{op}: cos and sin get no gradient, but one of them requires grad; "
-                "pass cos.detach() and sin.detach() (HF's rotary tables need none)"
-            )
-        ctx.save_for_backward(cos, sin)
+        _, _, cos, sin, *options = inputs
+        _refuse_table_grad(op, cos, sin)
+        _save(ctx, cos, sin, *options)
 
     return setup_context
 
 
-def _rope_grad(ctx, dq, dk):
-    cos, sin = ctx.saved_tensors
-    gq, gk = call_from_backward(ROPE_BACKWARD, dq, dk, cos, sin)
+def _transpose_with(op, ctx, dq, dk):
+    """(gradient of q, of k, None for every other argument) by ``op`` on the
+    incoming gradients, for the inputs that need one."""
+    cos, sin, position_ids, cu_seqlens = ctx.saved_tensors
     need_q, need_k = ctx.needs_input_grad[:2]
-    return (gq if need_q else None, gk if need_k else None, None, None)
+    dq, dk = (dq if need_q else None), (dk if need_k else None)
+    if dq is None and dk is None:
+        return (None,) * 9
+    options = ctx.options
+    gq, gk = call_from_backward(op, dq, dk, cos, sin, position_ids, cu_seqlens, options["pairs"],
+                                options["mrope_section"], options["mrope_interleaved"])  # fmt: skip
+    return (gq, gk) + (None,) * 7
+
+
+def _rope_grad(ctx, dq, dk):
+    return _transpose_with(ROPE_BACKWARD, ctx, dq, dk)
 
 
 def _rope_backward_grad(ctx, ddq, ddk):
-    cos, sin = ctx.saved_tensors
-    gq, gk = call_from_backward(ROPE, ddq, ddk, cos, sin)
-    need_q, need_k = ctx.needs_input_grad[:2]
-    return (gq if need_q else None, gk if need_k else None, None, None)
+    return _transpose_with(ROPE, ctx, ddq, ddk)
 
 
 register_autograd(ROPE, _rope_grad, setup_context=_no_table_grad(_OP))
 register_autograd(ROPE_BACKWARD, _rope_backward_grad, setup_context=_no_table_grad(_OP + "_backward"))
+
+
+# --- rope_ under autograd: torch's in-place semantics
+#
+# ADInplaceOrView bumps the version counters (as torch.library.custom_op does
+# for ops that mutate), so a saved tensor rotated afterwards fails backward's
+# version check, grad mode or not.  The Autograd kernel records the op as an
+# autograd.Function that marks q and k dirty: a leaf requiring grad raises,
+# and q, k take the rotation into their history (gradient: rope_backward).
+
+
+def _bump_versions(keyset, q, k, *args, **kwargs):
+    for t in (q, k):
+        if t is not None:
+            torch.autograd.graph.increment_version(t)
+    return ROPE_.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, q, k, *args, **kwargs)
+
+
+class _RopeInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+        with torch._C._AutoDispatchBelowAutograd():
+            ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
+                  mrope_interleaved=mrope_interleaved)  # fmt: skip
+        ctx.mark_dirty(*(t for t in (q, k) if t is not None))
+        _save(ctx, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+        return q, k
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        return _rope_grad(ctx, dq, dk)
+
+
+def _rope_inplace_autograd(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, *, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> None:
+    args = (q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    tensors = (q, k, cos, sin)
+    if forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
+    ):
+        raise NotImplementedError(
+            f"{_OP}_: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) does not go through the "
+            "in-place rotation (its tangent would be left unrotated); use liger.rope (out of place)"
+        )
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        if torch._C._are_functorch_transforms_active():
+            raise NotImplementedError(
+                f"{_OP}_: gradients through the in-place rotation under torch.func transforms are not supported; "
+                "use liger.rope (out of place)"
+            )
+        _refuse_table_grad(_OP + "_", cos, sin)
+        _RopeInPlace.apply(*args)
+        return None
+    with torch._C._AutoDispatchBelowAutograd():
+        return ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
+                     mrope_interleaved=mrope_interleaved)  # fmt: skip
+
+
+LIB.impl("rope_", _bump_versions, "ADInplaceOrView", with_keyset=True)
+LIB.impl("rope_", _rope_inplace_autograd, "Autograd")

@@ -38,7 +38,11 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   when they have a batch dim of size > 1, else R); S(1) on q, k or both
   (heads, any head counts: each head is rotated alone; cos/sin R); both S(2)
   (sequence; cos/sin S on their sequence dim, the second to last).  Outputs
-  keep q's and k's placements.
+  keep q's and k's placements.  Packed tokens (T, H, D): S(0) is the
+  sequence axis, S(1) the heads.  With position_ids, the (max_pos, R) tables
+  are R and position_ids follows q/k's batch (when it has a batch dim of size
+  > 1) and sequence dims; with cu_seqlens (each token's sequence start is
+  global) only the heads axis is sharded, cu_seqlens R.  k None: q alone.
 * group_norm: x S(0) (batch, any rank), weight/bias R -> y S(0); backward
   dx S(0), dweight/dbias P.  x S(1) (channels) with weight/bias S(0) when
   every shard holds whole groups, i.e. num_groups divisible by the mesh's
@@ -120,8 +124,8 @@ def _replicated(op: torch._ops.OpOverload, arguments: list[tuple[str, object]], 
 _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     POLY_NORM: lambda a: [True],
     POLY_NORM_BACKWARD: lambda a: [True, True, True],
-    ROPE: lambda a: [True, True],
-    ROPE_BACKWARD: lambda a: [True, True],
+    ROPE: lambda a: [True, a.get("k")],
+    ROPE_BACKWARD: lambda a: [True, a.get("dk")],
     GROUP_NORM: lambda a: [True],
     GROUP_NORM_BACKWARD: lambda a: [True, a.get("weight"), a.get("bias")],
 }
@@ -140,12 +144,20 @@ def _poly_norm_backward(a: dict) -> list:
 
 
 # ---------------------------------------------------------------------------
-# rope: q/k (B, H, S, D); cos/sin (S, R), (1, S, R) or (B, S, R).
-BATCH, HEADS, SEQ = 0, 1, 2
+# rope: q/k (B, H, S, D) or packed (T, H, D); cos/sin gathered, (S, R), (1, S, R)
+# or (B, S, R) ((T, R), (1, T, R) packed), or (max_pos, R) tables looked up at
+# position_ids ((B, S), (1, S), (S,); M-RoPE (3, ...)) or by cu_seqlens.
+BATCH, HEADS, SEQ = "batch", "heads", "seq"
+# (axis, q's placement, k's placement) per layout
+_ROPE_AXES = {
+    4: ((BATCH, Shard(0), Shard(0)), (SEQ, Shard(2), Shard(2)),
+        (HEADS, Shard(1), Shard(1)), (HEADS, Shard(1), R), (HEADS, R, Shard(1))),
+    3: ((SEQ, Shard(0), Shard(0)), (HEADS, Shard(1), Shard(1)), (HEADS, Shard(1), R), (HEADS, R, Shard(1))),
+}  # fmt: skip
 
 
-def _table(table: DTensorSpec, axis: int):
-    """cos/sin's placement when q and k are sharded on ``axis``."""
+def _table(table: DTensorSpec, axis: str):
+    """A gathered cos/sin's placement when q and k are sharded on ``axis``."""
     if axis == SEQ:
         return Shard(table.ndim - 2)
     if axis == BATCH and table.ndim >= 3 and table.shape[table.ndim - 3] != 1:
@@ -153,15 +165,34 @@ def _table(table: DTensorSpec, axis: int):
     return R
 
 
+def _position_ids(ids: DTensorSpec, axis: str, mrope: bool):
+    """position_ids' placement when q and k are sharded on ``axis``."""
+    if axis == SEQ:
+        return Shard(ids.ndim - 1)
+    batched = ids.ndim == (3 if mrope else 2) and ids.shape[ids.ndim - 2] != 1
+    return Shard(ids.ndim - 2) if axis == BATCH and batched else R
+
+
+def _rope_aux(a: dict, axis: str) -> dict | None:
+    """Placements of cos, sin, position_ids and cu_seqlens for q/k sharded on
+    ``axis``; None where that axis cannot be sharded locally."""
+    ids, cu_seqlens = a.get("position_ids"), a.get("cu_seqlens")
+    if cu_seqlens is not None:
+        return {"cos": R, "sin": R, "cu_seqlens": R} if axis == HEADS else None
+    if ids is not None:
+        return {"cos": R, "sin": R, "position_ids": _position_ids(ids, axis, a.get("mrope_section") is not None)}
+    return {"cos": _table(a["cos"], axis), "sin": _table(a["sin"], axis)}
+
+
 def _rope_like(first: str, second: str) -> Callable[[dict], list]:
     def shardings(a: dict) -> list:
-        cos, sin = a["cos"], a["sin"]
+        x, y = a.get(first), a.get(second)
         found = []
-        pairs = ((BATCH, Shard(0), Shard(0)), (SEQ, Shard(2), Shard(2)),
-                 (HEADS, Shard(1), Shard(1)), (HEADS, Shard(1), R), (HEADS, R, Shard(1)))  # fmt: skip
-        for axis, pq, pk in pairs:
-            placement = {first: pq, second: pk, "cos": _table(cos, axis), "sin": _table(sin, axis)}
-            found.append(([pq, pk], placement))
+        for axis, px, py in _ROPE_AXES[(x if x is not None else y).ndim]:
+            aux = _rope_aux(a, axis)
+            if aux is not None:
+                outputs = [None if x is None else px, None if y is None else py]
+                found.append((outputs, {first: px, second: py, **aux}))
         return found
 
     return shardings
@@ -228,42 +259,64 @@ def _local_num_groups(op: torch._ops.OpOverload) -> Callable:
 # rope_ (in place): q and k keep their placements.
 
 
-def _inplace_table_placements(q: DTensor, k: DTensor, table: DTensor) -> list:
-    placements = []
-    for i, (pq, pk) in enumerate(zip(q.placements, k.placements, strict=True)):
-        pair = (pq, pk)
-        linear = all(p == R or (isinstance(p, Partial) and p.reduce_op in ("sum", "avg")) for p in pair)
-        if pair == (Shard(0), Shard(0)):
-            placements.append(_table(table._spec, BATCH))
-        elif pair == (Shard(2), Shard(2)):
-            placements.append(_table(table._spec, SEQ))
-        elif pair in ((Shard(1), Shard(1)), (Shard(1), R), (R, Shard(1))) or linear:
-            placements.append(R)
-        else:
-            raise ValueError(
-                f"liger.rope_: q placed {pq!r} and k placed {pk!r} on mesh dim {i}; in place, both must be Shard(0) "
-                "(batch) or Shard(2) (sequence), Shard(1) (heads) or Replicate each, or Partial sum/avg with the "
-                "other Replicate. Redistribute q and k first, or use liger.rope (out of place), which redistributes"
-            )
-    return placements
+ROPE_OPTIONS = ("pairs", "mrope_section", "mrope_interleaved")
+
+
+def _inplace_axis(i: int, pq, pk, ndim: int) -> str | None:
+    """The rope axis q's and k's placements on mesh dim i shard, None where
+    they are replicated or a linear Partial (rotation is linear); ValueError
+    for what rope_ cannot rotate in place."""
+    pair = (pq, pk)
+    for axis, px, py in _ROPE_AXES[ndim]:
+        if pair == (px, py):
+            return axis
+    if all(p == R or (isinstance(p, Partial) and p.reduce_op in ("sum", "avg")) for p in pair):
+        return None
+    raise ValueError(
+        f"liger.rope_: q placed {pq!r} and k placed {pk!r} on mesh dim {i}; in place, both must be Shard(0) "
+        "(batch) or Shard(2) (sequence), Shard(1) (heads) or Replicate each, or Partial sum/avg with the "
+        "other Replicate (packed (T, H, D): Shard(0) tokens, Shard(1) heads). Redistribute q and k first, "
+        "or use liger.rope (out of place), which redistributes"
+    )
 
 
 def _rope_inplace(op_call, args, kwargs):
     arguments = dict(_arguments(ROPE_, args, kwargs))
-    unknown = set(arguments) - {"q", "k", "cos", "sin"}
+    unknown = set(arguments) - {"q", "k", "cos", "sin", "position_ids", "cu_seqlens", *ROPE_OPTIONS}
     if unknown:
         raise NotImplementedError(f"liger.rope_ on DTensors: no sharding rule for argument(s) {sorted(unknown)}")
-    q, k, cos, sin = (arguments[n] for n in ("q", "k", "cos", "sin"))
-    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+    q, k = arguments.get("q"), arguments.get("k")
+    data = q if q is not None else k
+    aux_names = [n for n in ("cos", "sin", "position_ids", "cu_seqlens") if arguments.get(n) is not None]
+    for name in ("q", "k", *aux_names):
+        t = arguments.get(name)
+        if t is None:
+            continue
         if not isinstance(t, DTensor):
             raise TypeError(f"liger.rope_: q is a DTensor but {name} is a {type(t).__name__}; pass DTensors for all")
-        if t.device_mesh != q.device_mesh:
+        if t.device_mesh != data.device_mesh:
             raise ValueError(f"liger.rope_: {name} is on another device mesh than q")
-    mesh = q.device_mesh
+    mesh = data.device_mesh
+    specs = {n: arguments[n]._spec for n in aux_names}
+    options = {n: arguments[n] for n in ROPE_OPTIONS if n in arguments}
+    placements: dict[str, list] = {n: [] for n in aux_names}
+    for i, (pq, pk) in enumerate(zip((q if q is not None else k).placements, (k if k is not None else q).placements,
+                                     strict=True)):  # fmt: skip
+        axis = _inplace_axis(i, pq, pk, data.ndim)
+        aux = {n: R for n in aux_names} if axis is None else _rope_aux({**specs, **options}, axis)
+        if aux is None:
+            raise ValueError(
+                f"liger.rope_: with cu_seqlens only the heads can be sharded (sequence starts are global); q and k "
+                f"are placed {pq!r} and {pk!r} on mesh dim {i}"
+            )
+        for n in aux_names:
+            placements[n].append(aux[n])
     with torch.no_grad():
-        cos_local = cos.redistribute(mesh, _inplace_table_placements(q, k, cos)).to_local()
-        sin_local = sin.redistribute(mesh, _inplace_table_placements(q, k, sin)).to_local()
-        op_call(q.to_local(), k.to_local(), cos_local, sin_local)
+        local = {n: arguments[n].redistribute(mesh, placements[n]).to_local() for n in aux_names}
+        op_call(
+            None if q is None else q.to_local(), None if k is None else k.to_local(), local["cos"], local["sin"],
+            local.get("position_ids"), local.get("cu_seqlens"), **options,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------

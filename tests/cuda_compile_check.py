@@ -112,8 +112,6 @@ def _launch_every_path() -> None:
     each of their kernels and constexpr branches, in every dtype they take."""
     from csrc_free_ops.poly_norm import launch as pn_launch
     from csrc_free_ops.poly_norm import plan as pn_plan
-    from csrc_free_ops.rope import cuda as rope_cuda
-    from csrc_free_ops.rope import npu as rope_npu
 
     # poly_norm: every data dtype, parameters in x's dtype and in float32 (mixed precision).
     for dt in (torch.bfloat16, torch.float32, torch.float64):
@@ -129,14 +127,7 @@ def _launch_every_path() -> None:
             grid_stride = pn_plan.Plan(True, 2, 64, 2)  # the NPU's grid-stride tile with CUDA's compiler
             pn_launch.forward(x, w3, b1, 1e-6, grid_stride)
 
-    for dt in (torch.bfloat16, torch.float32):
-        q, k = torch.zeros(2, 4, 6, 64, dtype=dt), torch.zeros(2, 2, 6, 64, dtype=dt)
-        for rot in (64, 32):  # full and partial rotary
-            cos = sin = torch.zeros(1, 6, rot, dtype=dt)
-            for rope in (rope_cuda, rope_npu):
-                rope.forward(q, k, cos, sin)
-                rope.backward(q, k, cos, sin)
-                rope.forward_(q, k, cos, sin)
+    _launch_rope_paths()
 
     _launch_group_norm_paths()
 
@@ -204,6 +195,41 @@ def _launch_group_norm_paths() -> None:
                     gn_launch.backward(x, x, 4, w, w, 1e-5, p)
                 else:
                     gn_launch.forward(x, 4, w, w, 1e-5, p)
+
+
+def _launch_rope_paths() -> None:
+    """rope's entries (CUDA and NPU plans) in every data dtype, with tables in
+    the data's dtype and in float32 (AMP), full and partial rotary; and the
+    heads loop (a plan whose head blocks hold fewer heads than there are)."""
+    from csrc_free_ops.rope import launch as rope_launch
+    from csrc_free_ops.rope import plan as rope_plan
+
+    for dt in (torch.bfloat16, torch.float32, torch.float64):
+        q, k = torch.zeros(2, 4, 6, 64, dtype=dt), torch.zeros(2, 2, 6, 64, dtype=dt)
+        for table_dt in {dt, torch.float32}:
+            for rot in (64, 32):  # full and partial rotary
+                cos = sin = torch.zeros(1, 6, rot, dtype=table_dt)
+                for prefix in ("cuda", "npu"):
+                    getattr(rope_launch, f"{prefix}_forward")(q, k, cos, sin)
+                    getattr(rope_launch, f"{prefix}_backward")(q, k, cos, sin)
+                    getattr(rope_launch, f"{prefix}_forward_")(q, k, cos, sin)
+        heads_loop = rope_plan.Plan(block_qh=2, block_kh=1, programs=12, num_warps=1)
+        rope_launch.forward(q, k, cos, sin, heads_loop)
+        # The options: every position source and pair layout, single tensors, packed tokens.
+        table = torch.zeros(16, 32, dtype=dt)
+        ids, mrope_ids = torch.zeros(2, 6, dtype=torch.int64), torch.zeros(3, 6, dtype=torch.int32)
+        packed = torch.zeros(6, 2, 64, dtype=dt)
+        calls = [
+            ((packed, None), {"cu_seqlens": torch.tensor([0, 2, 6], dtype=torch.int32), "pairs": "interleaved"}),
+            ((q, None), {"position_ids": ids, "pairs": "interleaved_to_halves"}),
+            ((q, k), {"position_ids": mrope_ids, "mrope_section": [8, 4, 4], "mrope_interleaved": True}),
+            ((q[:1], k[:1]), {"position_ids": mrope_ids, "mrope_section": [8, 4, 4], "pairs": "interleaved"}),
+        ]
+        for (x, y), options in calls:
+            for prefix in ("cuda", "npu"):
+                getattr(rope_launch, f"{prefix}_forward")(x, y, table, table, **options)
+                getattr(rope_launch, f"{prefix}_backward")(x, y, table, table, **options)
+                getattr(rope_launch, f"{prefix}_forward_")(x, y, table, table, **options)
 
 
 def main() -> int:

@@ -51,7 +51,6 @@ DTYPES = {
 }
 BASE_DTYPES = ("fp32", "bf16", "fp16", "bf16+fp32")
 WITH_FP64 = (*BASE_DTYPES, "fp64")
-SAME_DTYPE = ("fp32", "bf16", "fp16")  # rope: cos and sin share q's dtype
 _TRITON_TYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
                 torch.int32: "i32", torch.int64: "i64"}  # fmt: skip
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -81,13 +80,29 @@ def pn_backward_args(shape, dt, pt):
 
 
 def rope_args(shape, dt, pt):
-    """shape: (B, Hq, Hk, S, D, R[, "bshd"]): "bshd" gives q and k HF's (B, S, H, D) layout seen transposed."""
+    """shape: (B, Hq, Hk, S, D, R[, "bshd"]): "bshd" gives q and k HF's (B, S, H, D) layout seen transposed.
+    cos/sin in the parameter dtype (float32 tables with bf16 q/k: AMP)."""
     b, hq, hk, s, d, r, *layout = shape
     if layout == ["bshd"]:
         q, k = _t((b, s, hq, d), dt).transpose(1, 2), _t((b, s, hk, d), dt).transpose(1, 2)
     else:
         q, k = _t((b, hq, s, d), dt), _t((b, hk, s, d), dt)
     return q, k, _t((1, s, r), pt), _t((1, s, r), pt)
+
+
+def rope_option_args(shape, dt, pt):
+    """shape: (B, Hq, Hk, S, D, R, positions, pairs): positions "cu_seqlens" (packed (T, H, D) tokens,
+    B documents), "position_ids", "mrope" or "mrope_interleaved" ((max_pos, R) tables); Hk = 0: q alone."""
+    b, hq, hk, s, d, r, positions, pairs = shape
+    table = _t((4 * s, r), pt)
+    mrope = [r // 4, r // 8, r // 2 - r // 4 - r // 8] if positions.startswith("mrope") else None
+    if positions == "cu_seqlens":
+        q, k = _t((b * s, hq, d), dt), _t((b * s, hk, d), dt) if hk else None
+        cu_seqlens = torch.arange(0, b * s + 1, s, dtype=torch.int32)
+        return q, k, table, table, None, cu_seqlens, pairs, None, False
+    q, k = _t((b, s, hq, d), dt).transpose(1, 2), _t((b, s, hk, d), dt).transpose(1, 2) if hk else None
+    ids = _t((3, b, s) if mrope else (b, s), torch.int64)
+    return q, k, table, table, ids, None, pairs, mrope, positions == "mrope_interleaved"
 
 
 def gn_forward_args(shape, dt, pt):
@@ -141,6 +156,14 @@ GN_SHAPES = (  # (x shape, groups, affine)
 )
 
 
+ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs)
+    (4, 32, 8, 16, 128, 128, "cu_seqlens", "interleaved"),  # packed documents, GLM/GPT-J pairs
+    (2, 32, 0, 16, 128, 64, "position_ids", "interleaved_to_halves"),  # q alone, DeepSeek's pairs, partial
+    (2, 32, 8, 16, 128, 128, "mrope", "halves"),  # Qwen2-VL
+    (2, 64, 8, 4, 256, 256, "mrope_interleaved", "halves"),  # Qwen3-VL, head block bounded by the UB
+)
+
+
 def entries() -> list[Entry]:
     """Every NPU entry the check drives: adding a launcher or kernel variant
     is one line here (a new argument builder only when its inputs differ)."""
@@ -148,9 +171,12 @@ def entries() -> list[Entry]:
     return [
         Entry("poly_norm", "csrc_free_ops.poly_norm.launch:npu_forward", pn_forward_args, PN_SHAPES, WITH_FP64),
         Entry("poly_norm", "csrc_free_ops.poly_norm.launch:npu_backward", pn_backward_args, PN_SHAPES, WITH_FP64),
-        Entry("rope", "csrc_free_ops.rope.npu:forward", rope_args, ROPE_SHAPES, SAME_DTYPE),
-        Entry("rope", "csrc_free_ops.rope.npu:backward", rope_args, ROPE_SHAPES, SAME_DTYPE),
-        Entry("rope", "csrc_free_ops.rope.npu:forward_", rope_args, ROPE_SHAPES, SAME_DTYPE),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_forward", rope_args, ROPE_SHAPES, WITH_FP64),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_backward", rope_args, ROPE_SHAPES, WITH_FP64),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_args, ROPE_SHAPES, WITH_FP64),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_forward", rope_option_args, ROPE_OPTION_SHAPES),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_backward", rope_option_args, ROPE_OPTION_SHAPES),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_option_args, ROPE_OPTION_SHAPES),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SHAPES, WITH_FP64),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SHAPES, WITH_FP64),
     ]

@@ -172,13 +172,63 @@ def _spec(mesh, shape, placement) -> DTensorSpec:
 
 
 def test_an_argument_a_rule_does_not_know_leaves_only_replication(mesh):
-    """A tensor argument added to an op later (e.g. rope's position_ids) must not be sharded by guess."""
+    """A tensor argument added to an op later must not be sharded by guess."""
     q, k = _spec(mesh, (8, 8, 12, 16), Shard(2)), _spec(mesh, (8, 4, 12, 16), Shard(2))
     cos = sin = _spec(mesh, (12, 16), R)
     rule = sharding.RULES[liger.rope.default]
     assert len(rule(q, k, cos, sin)) > 1
-    only = rule(q, k, cos, sin, position_ids=_spec(mesh, (8, 12), Shard(1)))
+    only = rule(q, k, cos, sin, added_later=_spec(mesh, (8, 12), Shard(1)))
     assert only == [([R, R], [R, R, R, R, R])]
+
+
+@pytest.mark.parametrize(
+    "q_at,ids_shape,ids_at,mrope",
+    [
+        (Shard(0), (8, 12), Shard(0), None),  # batch: per-sample ids sharded with it
+        (Shard(0), (1, 12), R, None),  # batch: shared ids stay replicated
+        (Shard(2), (8, 12), Shard(1), None),  # sequence
+        (Shard(2), (12,), Shard(0), None),
+        (Shard(1), (8, 12), R, None),  # heads
+        (Shard(0), (3, 8, 12), Shard(1), [2, 3, 3]),  # M-RoPE streams
+        (Shard(2), (3, 8, 12), Shard(2), [2, 3, 3]),
+    ],
+)
+def test_rope_position_ids_follow_q_and_k(mesh, q_at, ids_shape, ids_at, mrope):
+    """Tables (max_pos, R) stay replicated; position ids shard with q/k's batch and sequence."""
+    q, k = _dt(mesh, (8, 8, 12, 16), [q_at]), _dt(mesh, (8, 4, 12, 16), [q_at])
+    cos, sin = _dt(mesh, (32, 16), [R], grad=False), _dt(mesh, (32, 16), [R], grad=False)
+    ids = distribute_tensor(torch.zeros(ids_shape, dtype=torch.int64, device="meta"), mesh, [ids_at])
+    options = {"pairs": "interleaved", "mrope_section": mrope}
+    (oq, ok), n = _comms(lambda: liger.rope(q, k, cos, sin, ids, **options))
+    assert (oq.placements, ok.placements, n) == ((q_at,), (q_at,), 0)
+    assert _backward(mesh, (oq, ok)) == 0
+
+
+def test_rope_packed_tokens_and_cu_seqlens(mesh):
+    """Packed (T, H, D): tokens or heads sharded locally; with cu_seqlens only
+    the heads (sequence starts are global), tokens are redistributed."""
+    q, k = _dt(mesh, (16, 8, 16), [Shard(0)]), _dt(mesh, (16, 4, 16), [Shard(0)])
+    cos, sin = _dt(mesh, (16, 16), [Shard(0)], grad=False), _dt(mesh, (16, 16), [Shard(0)], grad=False)
+    (oq, _), n = _comms(lambda: liger.rope(q, k, cos, sin))
+    assert (oq.placements, n) == ((Shard(0),), 0)
+    table = _dt(mesh, (16, 16), [R], grad=False)
+    cu_seqlens = distribute_tensor(torch.zeros(3, dtype=torch.int32, device="meta"), mesh, [R])
+    qh, kh = _dt(mesh, (16, 8, 16), [Shard(1)]), _dt(mesh, (16, 4, 16), [Shard(1)])
+    (oq, ok), n = _comms(lambda: liger.rope(qh, kh, table, table, None, cu_seqlens))
+    assert (oq.placements, ok.placements, n) == ((Shard(1),), (Shard(1),), 0)
+    (oq, _), n = _comms(lambda: liger.rope(q, k, table, table, None, cu_seqlens))
+    assert n > 0 and oq.placements != (Shard(0),)
+    with pytest.raises(ValueError, match=r"liger\.rope_: with cu_seqlens only the heads can be sharded"):
+        liger.rope_(q.detach(), k.detach(), table, table, None, cu_seqlens)
+
+
+def test_rope_single_tensor(mesh):
+    k = _dt(mesh, (8, 4, 12, 16), [Shard(2)])
+    cos, sin = _dt(mesh, (12, 16), [Shard(0)], grad=False), _dt(mesh, (12, 16), [Shard(0)], grad=False)
+    (ok, none), n = _comms(lambda: liger.rope(k, None, cos, sin))
+    assert none is None and (ok.placements, n) == ((Shard(2),), 0)
+    assert _backward(mesh, ok) == 0
+    assert _comms(lambda: liger.rope_(k.detach(), None, cos, sin)) == (None, 0)
 
 
 def test_every_op_has_a_rule():

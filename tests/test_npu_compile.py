@@ -29,9 +29,12 @@ NPU_BRANCHES = [
     ("bwd_blocked_kernel", {}),
     ("reduce_param_grads_kernel", {}),
     *[
-        ("_rope_kernel", {"BACKWARD": b, "COPY_PASS": c, "HEADS_FIT": f})
+        ("rope_kernel", {"BACKWARD": b, "COPY_PASS": c, "HEADS_FIT": f})
         for b, c, f in itertools.product((False, True), repeat=3)
     ],
+    *[("rope_kernel", {"X_PAIRS": x, "Y_PAIRS": y}) for x, y in itertools.product((False, True), repeat=2)],
+    *[("rope_kernel", {"POSITIONS": p}) for p in (0, 1, 2)],
+    *[("rope_kernel", {"MROPE": m}) for m in (0, 1, 2)],
     ("fwd_whole_kernel", {"HAS_W": True, "HAS_B": True}),
     ("fwd_whole_kernel", {"HAS_W": False, "HAS_B": False}),
     ("bwd_whole_kernel", {"PARAM_GRADS": True}),

@@ -4,13 +4,17 @@ memory layouts; the HF drop-in; and clear errors for bad input."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
+import triton.language as tl
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csrc_free_ops.rope import cuda, reference
-from tests.helpers import DEVICE, FLOAT_DTYPES, assert_close_to_ref, poison_like
+from csrc_free_ops import device
+from csrc_free_ops.rope import kernels, launch, plan, reference
+from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, poison_like
 from tests.rope_cases import (
     HEAD_LAYOUTS,
     TABLE_LAYOUTS,
@@ -35,7 +39,8 @@ def problems(draw):
         "seq": draw(st.integers(1, 5)),
         "dim": dim,
         "rot": rot,
-        "dtype": draw(st.sampled_from(FLOAT_DTYPES)),
+        "dtype": draw(st.sampled_from(ALL_DTYPES)),
+        "table_dtype": draw(st.sampled_from(ALL_DTYPES)),
         "q_layout": draw(st.sampled_from(HEAD_LAYOUTS)),
         "k_layout": draw(st.sampled_from(HEAD_LAYOUTS)),
         "table": draw(st.sampled_from(TABLE_LAYOUTS)),
@@ -45,9 +50,13 @@ def problems(draw):
 def build(p, device=DEVICE):
     q = make_heads(p["batch"], p["n_qh"], p["seq"], p["dim"], p["dtype"], p["q_layout"], device)
     k = make_heads(p["batch"], p["n_kh"], p["seq"], p["dim"], p["dtype"], p["k_layout"], device)
-    cos = make_table(p["batch"], p["seq"], p["rot"], p["dtype"], p["table"], device)
-    sin = make_table(p["batch"], p["seq"], p["rot"], p["dtype"], p["table"], device)
+    cos = make_table(p["batch"], p["seq"], p["rot"], p["table_dtype"], p["table"], device)
+    sin = make_table(p["batch"], p["seq"], p["rot"], p["table_dtype"], p["table"], device)
     return q, k, cos, sin
+
+
+def cuda_plan(q, k, cos, sin, copy_pass):
+    return plan.cuda(launch.problem(q, k, cos, sin, copy_pass))
 
 
 def assert_layout_kept(out: torch.Tensor, inp: torch.Tensor) -> None:
@@ -57,6 +66,9 @@ def assert_layout_kept(out: torch.Tensor, inp: torch.Tensor) -> None:
 
 @given(p=problems())
 def test_forward_and_gradients_match_float64_reference(p):
+    """Any data dtype with tables of any dtype (fp32 tables under bf16 q and
+    k is the AMP case; float64 for gradcheck): outputs and gradients in their
+    input's dtype, all against float64."""
     q, k, cos, sin = build(p)
     q.requires_grad_()
     k.requires_grad_()
@@ -74,6 +86,7 @@ def test_forward_and_gradients_match_float64_reference(p):
     assert_close_to_ref(dk, dk_ref, dtype, "dk")
     assert_layout_kept(q_out, q)
     assert_layout_kept(k_out, k)
+    assert dq.dtype == dk.dtype == dtype
 
 
 @given(p=problems())
@@ -109,7 +122,7 @@ def test_every_output_element_is_written(dim, rot):
     cos, sin = (make_table(2, 4, rot, torch.float32, "BSR") for _ in range(2))
     for backward in (False, True):
         qo, ko = poison_like(q), poison_like(k)
-        cuda.rotate_into(q, k, qo, ko, cos, sin, backward=backward, copy_pass=rot < dim)
+        launch.rotate(q, k, qo, ko, cos, sin, cuda_plan(q, k, cos, sin, rot < dim), backward=backward)
         want = (reference.backward if backward else reference.forward)(
             q.double(), k.double(), cos.double(), sin.double()
         )
@@ -122,13 +135,14 @@ def test_heads_in_one_tile_or_walked(n_qh, n_kh, fits):
     """Head counts a tile holds whole take the loop-free path; more q or k
     heads than a tile holds are walked in blocks, and every head is rotated
     either way (NaN-poisoned outputs)."""
-    dim, size = 256, 4  # 8 KiB tiles of float32 half-rows hold 16 heads
-    assert cuda._launcher(n_qh, n_kh, dim, dim, size, False, False).meta["HEADS_FIT"] is fits
+    dim = 256  # 8 KiB tiles of float32 half-rows hold 16 heads
     q = make_heads(1, n_qh, 2, dim, torch.float32, "transposed")
     k = make_heads(1, n_kh, 2, dim, torch.float32, "contiguous")
     cos, sin = (make_table(1, 2, dim, torch.float32, "SR") for _ in range(2))
+    p = cuda_plan(q, k, cos, sin, False)
+    assert p.heads_fit(n_qh, n_kh) is fits
     qo, ko = poison_like(q), poison_like(k)
-    cuda.rotate_into(q, k, qo, ko, cos, sin, backward=False, copy_pass=False)
+    launch.rotate(q, k, qo, ko, cos, sin, p, backward=False)
     want = reference.forward(q.double(), k.double(), cos.double(), sin.double())
     assert_close_to_ref(qo, want[0], torch.float32, "q_out")
     assert_close_to_ref(ko, want[1], torch.float32, "k_out")
@@ -263,7 +277,7 @@ def _qkcs(table=None, **over):
     return tuple(_tensor(specs[name]) for name in ("q", "k", "cos", "sin"))
 
 
-F16, BF16, I32 = torch.float16, torch.bfloat16, torch.int32
+F8, BF16, I32 = torch.float8_e4m3fn, torch.bfloat16, torch.int32
 BAD_CALLS = [
     (ValueError, "must be even", {"table": (5, 7)}),
     (ValueError, "between 2 and head_dim=8, got 10", {"table": (5, 10)}),
@@ -275,13 +289,15 @@ BAD_CALLS = [
     (ValueError, "cos and sin must have the same shape", {"sin": (5, 6)}),
     (ValueError, r"\(S, R\), \(1, S, R\) or \(B, S, R\) with B=2, got \(3, 5, 8\)", {"table": (3, 5, 8)}),
     (ValueError, r"\(S, R\), \(1, S, R\) or \(B, S, R\) with B=2, got \(8,\)", {"table": (8,)}),
-    (ValueError, "q must be 4-D", {"q": (4, 5, 8)}),
+    (ValueError, r"q must be 4-D \(batch, heads, seq, head_dim\) or 3-D packed", {"q": (4, 5)}),
     (ValueError, "k must be 4-D", {"k": (2, 2, 5, 8, 1)}),
-    (TypeError, "k has dtype torch.bfloat16 but q has torch.float32", {"k": ((2, 2, 5, 8), BF16)}),
-    (TypeError, "cos has dtype torch.float16 but q has torch.float32", {"cos": ((5, 8), F16)}),
+    (ValueError, "q and k must have the same rank, got 3-D and 4-D", {"q": (4, 5, 8)}),
     (ValueError, "sin is on meta", {"sin": ((5, 8), torch.float32, "meta")}),
-    (TypeError, "q must be float32, bfloat16 or float16", {"q": ((2, 4, 5, 8), I32), "k": ((2, 2, 5, 8), I32)}),
-    (TypeError, "q must be float32, bfloat16 or float16, got torch.float64", {"q": ((2, 4, 5, 8), torch.float64)}),
+    (ValueError, "k is on meta", {"k": ((2, 2, 5, 8), BF16, "meta")}),
+    (TypeError, "q must be float32, bfloat16, float16 or float64, got torch.int32", {"q": ((2, 4, 5, 8), I32)}),
+    (TypeError, "k must be float32, bfloat16, float16 or float64, got torch.int32", {"k": ((2, 2, 5, 8), I32)}),
+    (TypeError, "cos must be float32, bfloat16, float16 or float64, got torch.float8", {"cos": ((5, 8), F8)}),
+    (TypeError, "sin must be float32, bfloat16, float16 or float64", {"sin": ((5, 8), torch.complex64)}),
 ]
 
 
@@ -296,15 +312,6 @@ def test_backward_op_names_its_arguments():
     q, k, cos, sin = _qkcs(k=(2, 2, 5, 6))
     with pytest.raises(ValueError, match="liger.rope_backward: dq and dk must have the same head_dim"):
         torch.ops.liger.rope_backward(q, k, cos, sin)
-
-
-def test_in_place_rejects_overlapping_memory():
-    q, k, cos, sin = _qkcs()
-    expanded = torch.randn(2, 1, 5, 8, device=DEVICE).expand(2, 4, 5, 8)
-    with pytest.raises(ValueError, match="q has internally overlapping memory"):
-        torch.ops.liger.rope_(expanded, k, cos, sin)
-    with pytest.raises(ValueError, match="q and k must not be the same memory"):
-        torch.ops.liger.rope_(q, q, cos, sin)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (over 2^31 elements)")
@@ -334,7 +341,6 @@ def test_cached_layouts_give_the_scalars_of_their_tensors():
     differ only in one stride, table rank or head count get their own, and a
     warm cache returns what a fresh computation gives."""
     from csrc_free_ops.launcher import scalar_specialization
-    from csrc_free_ops.rope import launch
 
     base = torch.empty(2, 6, 5, 8)
     views = [
@@ -349,6 +355,42 @@ def test_cached_layouts_give_the_scalars_of_their_tensors():
             for cos in tables:
                 qo, ko = torch.empty_like(q), torch.empty_like(k)
                 got = launch.layout(q, k, qo, ko, cos, cos)
-                p = launch.problem(q, k, cos)
-                scalars = launch.kernel_scalars(p, q, k, qo, ko, cos, cos)
-                assert got == launch.Layout(p, scalars, scalar_specialization(scalars))
+                scalars = tuple(launch.kernel_args(q, k, qo, ko, cos, cos)[launch.N_TENSORS :])
+                assert got == launch.Layout(scalars, scalar_specialization(scalars))
+
+
+def test_kernel_args_are_the_kernels_runtime_arguments_in_order():
+    """KernelArgs is the one written copy of the kernel's argument list."""
+    params = inspect.signature(kernels.rope_kernel.fn).parameters.values()  # JITFunction or interpreted: .fn
+    runtime = tuple(p.name for p in params if p.annotation is not tl.constexpr)
+    assert launch.KernelArgs._fields == runtime
+    q, k = torch.empty(2, 4, 5, 8), torch.empty(2, 2, 5, 8)
+    args = launch.kernel_args(q, k, q, k, torch.empty(5, 6), torch.empty(1, 5, 6))
+    assert all(isinstance(a, torch.Tensor) for a in args[: launch.N_TENSORS])
+    assert not any(isinstance(a, torch.Tensor) for a in args[launch.N_TENSORS :])
+    assert (args.n_rows, args.seq_len, args.n_qh, args.n_kh, args.half, args.rot_dim) == (10, 5, 4, 2, 3, 6)
+    assert (args.stride_q_b, args.stride_q_h, args.stride_q_s, args.stride_q_d) == q.stride()
+    assert (args.stride_cos_b, args.stride_sin_b, args.stride_sin_s) == (0, 0, 6)
+
+
+def test_cuda_plan_is_one_warp_8k_tiles_one_program_per_row():
+    """The common path's launch (what the H200 measurements were made with):
+    one single-warp program per row, loop-free, heads in one 8 KiB tile."""
+    q = make_heads(2, 32, 7, 128, torch.bfloat16, "transposed")
+    k = make_heads(2, 8, 7, 128, torch.bfloat16, "transposed")
+    cos, sin = hf_tables(1, 7, 128, torch.bfloat16)
+    p = cuda_plan(q, k, cos, sin, False)
+    assert (p.block_qh, p.block_kh, p.num_warps, p.programs) == (32, 8, 1, 14)
+    assert p.heads_fit(32, 8) and not p.walks_rows(14)
+    assert p.block_qh * plan.block_half(128) * q.element_size() <= plan.TILE_BYTES
+    assert device.num_sms(q.device) >= 1
+
+
+def test_gradcheck_and_gradgradcheck_in_float64():
+    """Fast mode (random projections of the Jacobians): the full Jacobians
+    cost a launch per column, minutes under the interpreter."""
+    q = torch.randn(1, 2, 2, 6, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 1, 2, 6, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    cos, sin = torch.randn(2, 4, dtype=torch.float64, device=DEVICE), torch.randn(2, 4, device=DEVICE)
+    assert torch.autograd.gradcheck(torch.ops.liger.rope, (q, k, cos, sin), fast_mode=True)
+    assert torch.autograd.gradgradcheck(torch.ops.liger.rope, (q, k, cos, sin), fast_mode=True)

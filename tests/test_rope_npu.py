@@ -4,19 +4,27 @@ the heads into several blocks), and PrivateUse1 dispatch."""
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.rope import npu, reference
-from tests.helpers import FLOAT_DTYPES, assert_close_to_ref, poison_like, simulate_ascend
+from csrc_free_ops.rope import launch, plan, reference
+from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, assert_close_to_ref, poison_like, simulate_ascend
 from tests.privateuse1_backend import run_scenario
-from tests.rope_cases import HEAD_LAYOUTS, TABLE_LAYOUTS, make_heads, make_table, reference_outputs_and_grads
+from tests.rope_cases import (
+    HEAD_LAYOUTS,
+    TABLE_LAYOUTS,
+    angle_table,
+    make_heads,
+    make_table,
+    reference_outputs_and_grads,
+    reference_variant_grads,
+)
+from tests.test_rope_variants import build_variant, variants
 
 # A UB this small holds one or a few heads per block.
 SMALL_UB = 2048
@@ -31,26 +39,32 @@ def ascend(request, monkeypatch):
     return simulate_ascend(monkeypatch, *request.param)
 
 
-def _inputs(batch, n_qh, n_kh, seq, dim, rot, dtype, q_layout="transposed", k_layout="contiguous", table="BSR"):
+def _inputs(batch, n_qh, n_kh, seq, dim, rot, dtype, q_layout="transposed", k_layout="contiguous", table="BSR",
+            table_dtype=None):  # fmt: skip
     q = make_heads(batch, n_qh, seq, dim, dtype, q_layout, "cpu")
     k = make_heads(batch, n_kh, seq, dim, dtype, k_layout, "cpu")
-    cos, sin = (make_table(batch, seq, rot, dtype, table, "cpu") for _ in range(2))
+    cos, sin = (make_table(batch, seq, rot, table_dtype or dtype, table, "cpu") for _ in range(2))
     return q, k, cos, sin
+
+
+def _plan(q, k, cos, sin, copy_pass):
+    problem = launch.problem(q, k, cos, sin, copy_pass)
+    return plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
 def _check_all_launchers(q, k, cos, sin):
     dtype = q.dtype
     dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
     (q_ref, k_ref), (dq_ref, dk_ref) = reference_outputs_and_grads(q, k, cos, sin, dq_out, dk_out)
-    q_out, k_out = npu.forward(q, k, cos, sin)
-    dq, dk = npu.backward(dq_out, dk_out, cos, sin)
+    q_out, k_out = launch.npu_forward(q, k, cos, sin)
+    dq, dk = launch.npu_backward(dq_out, dk_out, cos, sin)
     assert_close_to_ref(q_out, q_ref, dtype, "q_out")
     assert_close_to_ref(k_out, k_ref, dtype, "k_out")
     assert_close_to_ref(dq, dq_ref, dtype, "dq")
     assert_close_to_ref(dk, dk_ref, dtype, "dk")
     assert q_out.stride() == torch.empty_like(q).stride()
     q_in, k_in = q.clone(), k.clone()
-    npu.forward_(q_in, k_in, cos, sin)
+    launch.npu_forward_(q_in, k_in, cos, sin)
     assert_close_to_ref(q_in, q_ref, dtype, "q (in place)")
     assert_close_to_ref(k_in, k_ref, dtype, "k (in place)")
 
@@ -64,7 +78,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize(("batch", "n_qh", "n_kh", "seq", "dim", "rot"), CASES)
 def test_npu_launchers_match_reference(ascend, dtype, batch, n_qh, n_kh, seq, dim, rot):
     _check_all_launchers(*_inputs(batch, n_qh, n_kh, seq, dim, rot, dtype))
@@ -76,8 +90,8 @@ def test_small_ub_splits_heads_into_several_blocks(monkeypatch, dtype):
     monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(SMALL_UB))
     for dim, rot, n_qh, n_kh in ((32, 32, 7, 5), (92, 60, 6, 3)):
         q, k, cos, sin = _inputs(2, n_qh, n_kh, 3, dim, rot, dtype)
-        plan = npu.plan(q, k, cos, copy_pass=rot < dim)
-        assert plan.block_qh < n_qh and plan.block_kh < n_kh, plan
+        p = _plan(q, k, cos, sin, copy_pass=rot < dim)
+        assert p.block_qh < n_qh and p.block_kh < n_kh, p
         _check_all_launchers(q, k, cos, sin)
 
 
@@ -87,7 +101,7 @@ def test_partial_rotary_pass_through_is_copied_under_small_ub(monkeypatch):
     monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", "3")
     q, k, cos, sin = _inputs(2, 5, 3, 4, 92, 20, torch.float16)
     qo, ko = poison_like(q), poison_like(k)
-    npu.rotate_into(q, k, qo, ko, cos, sin, backward=False, copy_pass=True)
+    launch.rotate(q, k, qo, ko, cos, sin, _plan(q, k, cos, sin, copy_pass=True), backward=False)
     q_ref, k_ref = reference.forward(q.double(), k.double(), cos.double(), sin.double())
     assert_close_to_ref(qo, q_ref, torch.float16, "q_out")
     assert_close_to_ref(ko, k_ref, torch.float16, "k_out")
@@ -100,33 +114,39 @@ def test_partial_rotary_pass_through_is_copied_under_small_ub(monkeypatch):
     seq=st.integers(1, 6),
     dim=st.sampled_from([2, 10, 16, 46, 92, 96]),
     rot_frac=st.floats(0.0, 1.0),
-    dtype=st.sampled_from(FLOAT_DTYPES),
+    dtype=st.sampled_from(ALL_DTYPES),
+    table_dtype=st.sampled_from(ALL_DTYPES),
     ub=st.sampled_from([1024, SMALL_UB, 192 * 1024]),
     cores=st.integers(1, 48),
     layouts=st.tuples(st.sampled_from(HEAD_LAYOUTS), st.sampled_from(HEAD_LAYOUTS), st.sampled_from(TABLE_LAYOUTS)),
 )
-def test_npu_launchers_any_shape_any_budget(batch, n_qh, n_kh, seq, dim, rot_frac, dtype, ub, cores, layouts):
+def test_npu_launchers_any_shape_any_budget(
+    batch, n_qh, n_kh, seq, dim, rot_frac, dtype, table_dtype, ub, cores, layouts
+):
     rot = 2 * max(1, round(rot_frac * dim / 2))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
         mp.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(cores))
-        q, k, cos, sin = _inputs(batch, n_qh, n_kh, seq, dim, rot, dtype, *layouts)
+        q, k, cos, sin = _inputs(batch, n_qh, n_kh, seq, dim, rot, dtype, *layouts, table_dtype=table_dtype)
         _check_all_launchers(q, k, cos, sin)
-        plan = npu.plan(q, k, cos, copy_pass=rot < dim)
-        assert plan.grid == min(cores, batch * seq)
+        p = _plan(q, k, cos, sin, copy_pass=rot < dim)
+        assert p.programs == min(cores, batch * seq)
+        assert p.num_warps is None  # no num_warps / num_stages on the NPU
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize(("dim", "rot"), [(64, 64), (92, 92), (128, 32), (256, 256)])
 def test_plan_fits_the_ub(ascend, dtype, dim, rot):
     """Cost model: cos/sin row + head block tiles fit the UB, unless one head alone does not."""
-    q, k, cos, _ = _inputs(1, 32, 8, 2, dim, rot, dtype)
+    q, k, cos, sin = _inputs(1, 32, 8, 2, dim, rot, dtype, table_dtype=torch.float32)
     copy_pass = rot < dim
-    plan = npu.plan(q, k, cos, copy_pass)
+    p = _plan(q, k, cos, sin, copy_pass)
     elem = q.element_size()
-    per_head = npu.head_bytes(plan.block_half, plan.block_pass, elem, copy_pass)
-    fixed = npu.cos_sin_bytes(plan.block_half, elem)
-    for block, heads in ((plan.block_qh, 32), (plan.block_kh, 8)):
+    compute = 8 if dtype == torch.float64 else 4
+    half_w, pass_w = plan.block_half(rot), plan.block_pass(dim, rot)
+    per_head = plan.npu_head_bytes(half_w, pass_w, elem, compute, copy_pass)
+    fixed = plan.npu_cos_sin_bytes(half_w, 4, compute)
+    for block, heads in ((p.block_qh, 32), (p.block_kh, 8)):
         assert block & (block - 1) == 0 and block <= heads
         assert block == 1 or fixed + block * per_head <= device.npu_ub_bytes()
         if block < heads:  # the next power of two would not have fit
@@ -134,17 +154,46 @@ def test_plan_fits_the_ub(ascend, dtype, dim, rot):
 
 
 def test_grid_is_vector_cores_or_rows(ascend):
-    q, k, cos, _ = _inputs(2, 4, 4, 100, 16, 16, torch.float32)
-    assert npu.plan(q, k, cos, False).grid == device.npu_vector_cores()
-    q, k, cos, _ = _inputs(1, 4, 4, 3, 16, 16, torch.float32)
-    assert npu.plan(q, k, cos, False).grid == 3
+    q, k, cos, sin = _inputs(2, 4, 4, 100, 16, 16, torch.float32)
+    assert _plan(q, k, cos, sin, False).programs == device.npu_vector_cores()
+    q, k, cos, sin = _inputs(1, 4, 4, 3, 16, 16, torch.float32)
+    assert _plan(q, k, cos, sin, False).programs == 3
 
 
-def test_npu_kernels_pass_no_warps_or_stages():
-    """triton-ascend ignores num_warps / num_stages; the launcher sets neither."""
-    source = inspect.getsource(npu._launch_rows)
-    assert "_rope_kernel[" in source
-    assert "num_warps" not in source and "num_stages" not in source
+def test_npu_kernels_pass_no_warps_or_stages(ascend):
+    """triton-ascend ignores num_warps / num_stages: NPU plans carry no launch option."""
+    for dim, rot in ((16, 16), (92, 32), (256, 256)):
+        q, k, cos, sin = _inputs(2, 8, 2, 3, dim, rot, torch.bfloat16)
+        for copy_pass in (False, True):
+            assert _plan(q, k, cos, sin, copy_pass).num_warps is None
+
+
+@settings(max_examples=8)
+@given(v=variants(), ub=st.sampled_from([1024, SMALL_UB, 192 * 1024]), cores=st.integers(1, 7))
+def test_npu_launchers_every_variant(v, ub, cores):
+    """The options of issue 18 on the NPU plan (stride-2 pairs, grid-stride
+    rows, UB-sized head blocks): forward, backward and in place against the
+    float64 reference."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
+        mp.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(cores))
+        q, k, cos, sin, options = build_variant(v, "cpu")
+        grads_out = tuple(None if x is None else torch.randn_like(x) for x in (q, k))
+        refs, ref_grads = reference_variant_grads(q, k, cos, sin, *grads_out, **options)
+        outs = launch.npu_forward(q, k, cos, sin, **options)
+        grads = launch.npu_backward(*grads_out, cos, sin, **options)
+        inplace = tuple(None if x is None else x.clone() for x in (q, k))
+        launch.npu_forward_(*inplace, cos, sin, **options)
+        for got, want, what in ((outs, refs, "out"), (grads, ref_grads, "grad"), (inplace, refs, "in place")):
+            for g, w in zip(got, want, strict=True):
+                assert (g is None) == (w is None)
+                if g is not None:
+                    assert_close_to_ref(g, w, v["dtype"], what)
+        problem = launch.problem(q, k, cos, sin, False, cu_seqlens=options.get("cu_seqlens"),
+                                 mrope_section=options.get("mrope_section"))  # fmt: skip
+        p = plan.npu(problem, ub, cores)
+        assert p.programs <= cores and p.num_warps is None and not p.split_pairs
+        assert p.block_seqs <= plan.NPU_MAX_SEQS_BLOCK
 
 
 # --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)
@@ -152,13 +201,14 @@ def test_npu_kernels_pass_no_warps_or_stages():
 
 def dispatch_scenario() -> None:
     import registrations  # noqa: F401
-    from csrc_free_ops.rope import npu as npu_launchers
+    from csrc_free_ops.rope import launch as launch_mod
     from tests import privateuse1_backend as backend
 
     backend.install()
     calls: list[str] = []
     for name in ("forward", "backward", "forward_"):
-        backend.spy_on(npu_launchers, name, calls)
+        backend.spy_on(launch_mod, name, calls)
+    backend.spy_on(plan, "npu", calls, passthrough=True)
     q, k, cos, sin = _inputs(2, 4, 2, 5, 12, 8, torch.float32)
     dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
     leaves = [backend.to_npu(t).requires_grad_() for t in (q, k)]
@@ -167,15 +217,25 @@ def dispatch_scenario() -> None:
     refs, grad_refs = reference_outputs_and_grads(q, k, cos, sin, dq_out, dk_out)
     q_in, k_in = backend.to_npu(q.clone()), backend.to_npu(k.clone())
     torch.ops.liger.rope_(q_in, k_in, backend.to_npu(cos), backend.to_npu(sin))
-    got = (*outs, *grads, q_in, k_in)
-    want = (*refs, *grad_refs, *refs)
+    # k alone, packed tokens, positions looked up in the kernel, interleaved pairs
+    packed_k, dk_packed = torch.randn(6, 2, 8), torch.randn(6, 2, 8)
+    table_cos, table_sin = angle_table(4, 8, torch.float32, "interleaved", "cpu")
+    options = {"position_ids": torch.tensor([0, 1, 2, 0, 1, 3]), "pairs": "interleaved"}
+    leaf = backend.to_npu(packed_k).requires_grad_()
+    npu_options = {**options, "position_ids": backend.to_npu(options["position_ids"])}
+    k_out, no_k = torch.ops.liger.rope(leaf, None, backend.to_npu(table_cos), backend.to_npu(table_sin), **npu_options)
+    (dk_in,) = torch.autograd.grad(k_out, leaf, backend.to_npu(dk_packed))
+    (k_ref, _), (dk_ref, _) = reference_variant_grads(packed_k, None, table_cos, table_sin, dk_packed, None, **options)
+    got = (*outs, *grads, q_in, k_in, k_out, dk_in)
+    want = (*refs, *grad_refs, *refs, k_ref, dk_ref)
     errors = [((a.cpu().double() - b).norm() / b.norm()).item() for a, b in zip(got, want, strict=True)]
-    print(json.dumps({"devices": [str(t.device) for t in got], "calls": calls, "errors": errors}))
+    devices = [str(t.device) for t in got]
+    print(json.dumps({"devices": devices, "calls": calls, "errors": errors, "no_k": no_k is None}))
 
 
 def test_privateuse1_dispatch_reaches_npu_launchers():
     out = json.loads(run_scenario("tests.test_rope_npu", "dispatch_scenario").strip().splitlines()[-1])
-    assert out["devices"] == ["npu:0"] * 6
-    prefix = "csrc_free_ops.rope.npu."
-    assert out["calls"] == [prefix + "forward", prefix + "backward", prefix + "forward_"]
+    assert out["devices"] == ["npu:0"] * 8 and out["no_k"]
+    steps = ("forward", "backward", "forward_", "forward", "backward")
+    assert out["calls"] == [f"csrc_free_ops.rope.{room}" for step in steps for room in ("plan.npu", f"launch.{step}")]
     assert all(e < 1e-5 for e in out["errors"]), out["errors"]

@@ -1,143 +1,409 @@
-"""Launcher helpers shared by the CUDA and NPU rotary launchers: problem
-sizes, the kernel's runtime arguments, and tile widths along head_dim."""
+"""The rope launch sequence, one for every backend, taking a Plan as data,
+and the entry of each dispatch key (registrations/rope.py binds them):
+
+* ``cuda_forward`` / ``cuda_backward`` / ``cuda_forward_``: ``plan.cuda``
+  (also the CPU interpreter path);
+* ``npu_forward`` / ``npu_backward`` / ``npu_forward_``: ``plan.npu`` for
+  the Ascend profile (``csrc_free_ops.device``).
+
+Every function takes the op's arguments by their names: q and k (either may
+be None: the single-tensor form), cos, sin, position_ids, cu_seqlens, pairs,
+mrope_section, mrope_interleaved.  ``KernelArgs`` is the kernel's runtime
+argument list, written once: the sequence builds it by name and launches it
+in its order.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from typing import NamedTuple
 
 import torch
+import triton.language as tl
 from torch import Tensor
 
-from csrc_free_ops.host_math import next_pow2
-from csrc_free_ops.launcher import scalar_specialization
+from csrc_free_ops import device
+from csrc_free_ops.launcher import Launcher, scalar_specialization
+from csrc_free_ops.rope import kernels, plan, reference
+from csrc_free_ops.rope.plan import Plan, Problem
 
-# Layouts whose kernel scalars are kept (a bound on the cache's memory).
+# Layouts whose kernel arguments are kept (a bound on the cache's memory).
 MAX_LAYOUTS = 1024
+# ``pairs`` -> (input interleaved, output interleaved)
+PAIRS = {"halves": (False, False), "interleaved": (True, True), "interleaved_to_halves": (True, False)}
 
 
-class Problem(NamedTuple):
-    batch: int
+class KernelArgs(NamedTuple):
+    """``kernels.rope_kernel``'s runtime arguments, in its order: the tensors,
+    then sizes, then strides.  q, k, q_out, k_out are (B, H, S, D) (an absent
+    one: the present one's tensor with 0 heads); cos and sin (B, S, R) with
+    batch stride 0 when shared by the batch, or a (max_pos, R) table;
+    position_ids (3, B, S) with stride 0 on the dims it lacks.  Tensors that
+    are not given (position_ids, cu_seqlens) are cos, never read."""
+
+    q: Tensor
+    k: Tensor
+    q_out: Tensor
+    k_out: Tensor
+    cos: Tensor
+    sin: Tensor
+    position_ids: Tensor
+    cu_seqlens: Tensor
+    n_rows: int
     seq_len: int
     n_qh: int
     n_kh: int
-    head_dim: int
+    half: int
     rot_dim: int
+    head_dim: int
+    max_pos: int
+    n_cu_seqlens: int
+    mrope_section_t: int
+    mrope_section_h: int
+    mrope_section_w: int
+    stride_q_b: int
+    stride_q_h: int
+    stride_q_s: int
+    stride_q_d: int
+    stride_q_out_b: int
+    stride_q_out_h: int
+    stride_q_out_s: int
+    stride_q_out_d: int
+    stride_k_b: int
+    stride_k_h: int
+    stride_k_s: int
+    stride_k_d: int
+    stride_k_out_b: int
+    stride_k_out_h: int
+    stride_k_out_s: int
+    stride_k_out_d: int
+    stride_cos_b: int
+    stride_cos_s: int
+    stride_cos_r: int
+    stride_sin_b: int
+    stride_sin_s: int
+    stride_sin_r: int
+    stride_position_ids_t: int
+    stride_position_ids_b: int
+    stride_position_ids_s: int
 
-    @property
-    def rows(self) -> int:
-        return self.batch * self.seq_len
 
-    @property
-    def empty(self) -> bool:
-        return self.rows == 0 or self.n_qh + self.n_kh == 0
+N_TENSORS = 8  # KernelArgs' leading tensor fields
 
 
-def problem(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> Problem:
-    batch, n_qh, seq_len, head_dim = q.shape
-    return Problem(batch, seq_len, n_qh, k.shape[1], head_dim, cos.shape[-1])
+def heads_view(x: Tensor | None) -> Tensor | None:
+    """(T, H, D) packed tokens as a (1, H, T, D) view; (B, H, S, D) as is."""
+    return x.unsqueeze(0).transpose(1, 2) if x is not None and x.dim() == 3 else x
 
 
-def table_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, seq, col) strides of cos/sin; batch stride 0 when shared by the batch."""
-    if t.dim() == 2:
-        return 0, t.stride(0), t.stride(1)
-    return (0 if t.shape[0] == 1 else t.stride(0)), t.stride(1), t.stride(2)
+def _strides(name: str, t: Tensor) -> dict[str, int]:
+    """(B, H, S, D) strides as KernelArgs fields."""
+    return dict(zip((f"stride_{name}_{d}" for d in "bhsd"), t.stride(), strict=True))
 
 
-def block_half(p: Problem) -> int:
-    return next_pow2(p.rot_dim // 2)
+def _table_strides(name: str, t: Tensor, looked_up: bool) -> dict[str, int]:
+    """cos/sin (batch, seq, col) strides: a looked-up table's rows are its
+    positions; a gathered one's batch stride is 0 when the batch shares it."""
+    if looked_up or t.dim() == 2:
+        strides = (0, *t.stride())
+    else:
+        strides = (0 if t.shape[0] == 1 else t.stride(0), t.stride(1), t.stride(2))
+    return dict(zip((f"stride_{name}_{d}" for d in "bsr"), strides, strict=True))
 
 
-def block_pass(p: Problem) -> int:
-    """Tile width of the pass-through dims (1 when the whole head rotates)."""
-    return next_pow2(max(1, p.head_dim - p.rot_dim))
+def _position_strides(position_ids: Tensor | None, mrope: bool) -> dict[str, int]:
+    """(stream, batch, seq) strides of (S,), (B, S), (3, S) or (3, B, S) ids; 0 where absent or of size 1."""
+    strides = [0, 0, 0]
+    if position_ids is not None:
+        dims = list(zip(position_ids.shape, position_ids.stride(), strict=True))
+        if mrope:
+            strides[0] = dims.pop(0)[1]
+        strides[2] = dims.pop()[1]
+        if dims and dims[0][0] != 1:
+            strides[1] = dims[0][1]
+    return dict(zip(("stride_position_ids_t", "stride_position_ids_b", "stride_position_ids_s"), strides, strict=True))
 
 
-def kernel_scalars(p: Problem, q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor) -> tuple:
-    """The row kernels' runtime arguments after the six tensors, in order (p: the problem of q, k, cos)."""
-    return (
-        p.seq_len, p.n_qh, p.n_kh, p.rot_dim // 2, p.rot_dim, p.head_dim,
-        *q.stride(), *qo.stride(), *k.stride(), *ko.stride(),
-        *table_strides(cos), *table_strides(sin),
+def kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens) -> tuple[Tensor, ...]:
+    """KernelArgs' tensors, in order: an absent q or k (None) is replaced by
+    the present one, absent position_ids / cu_seqlens by cos (never read)."""
+    if q is None:
+        q, q_out = k, k_out
+    elif k is None:
+        k, k_out = q, q_out
+    return (q, k, q_out, k_out, cos, sin, cos if position_ids is None else position_ids,
+            cos if cu_seqlens is None else cu_seqlens)  # fmt: skip
+
+
+def kernel_args(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tensor | None, cos: Tensor,
+                sin: Tensor, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
+                mrope_section: list[int] | None = None) -> KernelArgs:  # fmt: skip
+    """The kernel's arguments for (B, H, S, D) q and k (``heads_view``); an
+    absent q or k (None) gets 0 heads and the present one's tensors."""
+    n_qh = 0 if q is None else q.shape[1]
+    n_kh = 0 if k is None else k.shape[1]
+    tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
+    q, k, q_out, k_out = tensors[:4]
+    batch, _, seq_len, head_dim = q.shape
+    rot_dim = cos.shape[-1]
+    looked_up = position_ids is not None or cu_seqlens is not None
+    sections = mrope_section or (0, 0, 0)
+    return KernelArgs(
+        *tensors,
+        n_rows=batch * seq_len, seq_len=seq_len, n_qh=n_qh, n_kh=n_kh, half=rot_dim // 2, rot_dim=rot_dim,
+        head_dim=head_dim, max_pos=cos.shape[0] if looked_up else 0,
+        n_cu_seqlens=0 if cu_seqlens is None else cu_seqlens.shape[0],
+        mrope_section_t=sections[0], mrope_section_h=sections[1], mrope_section_w=sections[2],
+        **_strides("q", q), **_strides("q_out", q_out), **_strides("k", k), **_strides("k_out", k_out),
+        **_table_strides("cos", cos, looked_up), **_table_strides("sin", sin, looked_up),
+        **_position_strides(position_ids, mrope_section is not None),
     )  # fmt: skip
 
 
 class Layout(NamedTuple):
-    """A call's problem and kernel scalars, with the scalars' Triton specialization."""
+    """A call's scalar kernel arguments (KernelArgs after the tensors), with
+    the scalars' Triton specialization."""
 
-    p: Problem
+    scalars: tuple
+    scalar_key: int
+
+    def arg(self, name: str) -> int:
+        return self.scalars[KernelArgs._fields.index(name) - N_TENSORS]
+
+
+def layout(q, k, q_out, k_out, cos, sin, position_ids=None, cu_seqlens=None, mrope_section=None) -> Layout:
+    """The Layout of these arguments (q, k: (B, H, S, D) or None)."""
+    scalars = tuple(kernel_args(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)[N_TENSORS:])
+    return Layout(scalars, scalar_specialization(scalars))
+
+
+# The kernel's POSITIONS and MROPE constexprs as plain ints.
+_GATHERED, _POSITION_IDS, _CU_SEQLENS = kernels.GATHERED.value, kernels.POSITION_IDS.value, kernels.CU_SEQLENS.value
+_MROPE = {None: kernels.NO_MROPE.value, False: kernels.MROPE_SECTIONS.value, True: kernels.MROPE_INTERLEAVED.value}
+
+
+def _compute(q: Tensor | None, k: Tensor | None) -> tl.dtype:
+    """float64 math when q or k is float64, else float32."""
+    f64 = torch.float64
+    return tl.float64 if (q is not None and q.dtype == f64) or (k is not None and k.dtype == f64) else tl.float32
+
+
+@functools.lru_cache(maxsize=512)
+def _launcher(
+    block_qh: int, block_kh: int, num_warps: int | None, block_seqs: int, split_pairs: bool, block_half: int,
+    block_pass: int, grid_stride: bool, heads_fit: bool, copy_pass: bool, backward: bool, x_pairs: bool,
+    y_pairs: bool, table_pairs: bool, positions: int, mrope: int, compute: tl.dtype,
+) -> Launcher:  # fmt: skip
+    """The kernel with its compile-time arguments: a Plan's choices (not its
+    grid: plans that differ only in their grid share one Launcher and its
+    compiled kernels) and what the call decides."""
+    options = {} if num_warps is None else {"num_warps": num_warps}
+    return Launcher(
+        kernels.rope_kernel, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
+        BLOCK_SEQS=block_seqs, GRID_STRIDE=grid_stride, HEADS_FIT=heads_fit, COPY_PASS=copy_pass,
+        BACKWARD=backward, X_PAIRS=x_pairs, Y_PAIRS=y_pairs, TABLE_PAIRS=table_pairs, SPLIT_PAIRS=split_pairs,
+        POSITIONS=positions, MROPE=mrope, COMPUTE=compute, **options,
+    )  # fmt: skip
+
+
+class Prepared(NamedTuple):
+    """What a call launches: the kernel with its constexprs (None: nothing to
+    rotate) and the scalar arguments with their specialization."""
+
+    run: Launcher | None
     scalars: tuple
     scalar_key: int
 
 
-_LAYOUTS: dict[tuple, Layout] = {}
+def _prepare(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p,
+             backward, in_place) -> Prepared:  # fmt: skip
+    lay = layout(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)
+    n_rows, n_qh, n_kh = lay.arg("n_rows"), lay.arg("n_qh"), lay.arg("n_kh")
+    if n_rows == 0 or n_qh + n_kh == 0:
+        return Prepared(None, lay.scalars, lay.scalar_key)
+    rot_dim, head_dim = lay.arg("rot_dim"), lay.arg("head_dim")
+    x_pairs, y_pairs = PAIRS[pairs]
+    if backward:  # reads dy in the forward's output layout, writes dx in its input layout
+        x_pairs, y_pairs = y_pairs, x_pairs
+    positions = _CU_SEQLENS if cu_seqlens is not None else _GATHERED if position_ids is None else _POSITION_IDS
+    run = _launcher(
+        p.block_qh, p.block_kh, p.num_warps, p.block_seqs, p.split_pairs, plan.block_half(rot_dim),
+        plan.block_pass(head_dim, rot_dim), p.walks_rows(n_rows), p.heads_fit(n_qh, n_kh),
+        not in_place and rot_dim < head_dim, backward, x_pairs, y_pairs, x_pairs if backward else y_pairs, positions,
+        _MROPE[None if mrope_section is None else bool(mrope_interleaved)], _compute(q, k),
+    )  # fmt: skip
+    return Prepared(run, lay.scalars, lay.scalar_key)
 
 
-def layout(q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor) -> Layout:
-    """The Layout of these tensors, cached by the shapes and strides it is
-    made from (training repeats them call after call)."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), qo.stride(), ko.stride(),
-           cos.shape, cos.stride(), sin.shape, sin.stride())  # fmt: skip
-    found = _LAYOUTS.get(key)
+# Prepared calls, by what they are made from (training repeats them call after call).
+_PREPARED: dict[tuple, Prepared] = {}
+
+
+def _key(t: Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype
+
+
+def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tensor | None, cos: Tensor, sin: Tensor,
+           p: Plan, *, backward: bool, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
+           pairs: str = "halves", mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
+           ) -> None:  # fmt: skip
+    """Write the rotation of q and k (its transpose, backward) into q_out and
+    k_out, which may be q and k themselves; q and k (B, H, S, D) or (T, H, D),
+    either may be None.  Out of place, partial rotary also copies the dims it
+    leaves unchanged."""
+    in_place = q_out is q if q is not None else k_out is k
+    if (q if q is not None else k).dim() == 3:
+        q, k, q_out, k_out = heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out)
+    key = (
+        _key(q), None if k is None else _key(k), q_out.stride() if q_out is not None else None,
+        k_out.stride() if k_out is not None else None, cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype,
+        None if position_ids is None else _key(position_ids), None if cu_seqlens is None else _key(cu_seqlens),
+        pairs, None if mrope_section is None else tuple(mrope_section), mrope_interleaved, p, backward, in_place,
+    )  # fmt: skip
+    prepared = _PREPARED.get(key)
+    if prepared is None:
+        if len(_PREPARED) >= MAX_LAYOUTS:
+            _PREPARED.clear()
+        prepared = _PREPARED[key] = _prepare(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, pairs,
+                                             mrope_section, mrope_interleaved, p, backward, in_place)  # fmt: skip
+    if prepared.run is not None:
+        tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
+        prepared.run.launch(p.programs, tensors, prepared.scalars, prepared.scalar_key)
+
+
+def _empty_like(x: Tensor | None) -> Tensor | None:
+    return None if x is None else torch.empty_like(x)
+
+
+def forward(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
+            position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
+            mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
+            ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+    """(q_out, k_out), each in its input's dtype and memory layout (None for an absent input)."""
+    q_out, k_out = _empty_like(q), _empty_like(k)
+    rotate(q, k, q_out, k_out, cos, sin, p, backward=False, position_ids=position_ids, cu_seqlens=cu_seqlens,
+           pairs=pairs, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+    return q_out, k_out
+
+
+def backward(dq: Tensor | None, dk: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
+             position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
+             mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
+             ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+    """The transposed rotation of the incoming gradients dq, dk."""
+    dq_in, dk_in = _empty_like(dq), _empty_like(dk)
+    rotate(dq, dk, dq_in, dk_in, cos, sin, p, backward=True, position_ids=position_ids, cu_seqlens=cu_seqlens,
+           pairs=pairs, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+    return dq_in, dk_in
+
+
+def forward_(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
+             position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
+             mrope_section: list[int] | None = None, mrope_interleaved: bool = False) -> None:  # fmt: skip
+    rotate(q, k, q, k, cos, sin, p, backward=False, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+           mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+
+
+# --- The entries of the dispatch keys: the op's arguments in schema order, with its defaults
+
+
+def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_pass: bool, *,
+            cu_seqlens: Tensor | None = None, mrope_section: list[int] | None = None) -> Problem:  # fmt: skip
+    """What the planning functions need to know of a call (q, k as the op takes them)."""
+    q4, k4 = heads_view(q), heads_view(k)
+    batch, _, seq_len, head_dim = (q4 if q4 is not None else k4).shape
+    compute = 8 if _compute(q, k) == tl.float64 else 4
+    return Problem(
+        batch * seq_len, 0 if q4 is None else q4.shape[1], 0 if k4 is None else k4.shape[1], head_dim, cos.shape[-1],
+        4 if q is None else q.element_size(), 4 if k is None else k.element_size(),
+        max(cos.element_size(), sin.element_size()), compute, copy_pass,
+        0 if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is not None,
+    )  # fmt: skip
+
+
+def _partial(q: Tensor | None, k: Tensor | None, cos: Tensor) -> bool:
+    return cos.shape[-1] < (q if q is not None else k).shape[-1]
+
+
+_CUDA_PLANS: dict[tuple, Plan] = {}
+
+
+def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
+    """plan.cuda of this call's Problem, kept by what the Problem is made of."""
+    key = (q.shape, q.dtype, None if k is None else (k.shape, k.dtype), cos.shape[-1], cos.dtype, sin.dtype,
+           copy_pass, None if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is None)  # fmt: skip
+    found = _CUDA_PLANS.get(key)
     if found is None:
-        if len(_LAYOUTS) >= MAX_LAYOUTS:
-            _LAYOUTS.clear()
-        p = problem(q, k, cos)
-        scalars = kernel_scalars(p, q, k, qo, ko, cos, sin)
-        found = _LAYOUTS[key] = Layout(p, scalars, scalar_specialization(scalars))
+        if len(_CUDA_PLANS) >= MAX_LAYOUTS:
+            _CUDA_PLANS.clear()
+        problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section)
+        found = _CUDA_PLANS[key] = plan.cuda(problem_)
     return found
 
 
-def rotator(launch_rows: Callable[..., None]) -> Callable[..., None]:
-    """A backend's ``rotate_into`` from its ``launch_rows(layout, tensors,
-    element_size, *, backward, copy_pass)``, which launches the row kernel on
-    ``(*tensors, *layout.scalars)`` (the problem ``layout.p`` is never empty)."""
-
-    def rotate_into(q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor, *, backward: bool,
-                    copy_pass: bool) -> None:  # fmt: skip
-        """Write the rotation of q, k into qo, ko (which may be q, k); copy_pass copies dims R..D."""
-        lay = layout(q, k, qo, ko, cos, sin)
-        if not lay.p.empty:
-            tensors = (q, k, qo, ko, cos, sin)
-            launch_rows(lay, tensors, q.element_size(), backward=backward, copy_pass=copy_pass)
-
-    return rotate_into
+def _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
+    problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section)
+    return plan.npu(problem_, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
-def rotated(
-    launch_fn: Callable[..., None],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    backward: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Out-of-place rotation of x and y by a backend's launch_fn; outputs keep each input's layout."""
-    xo = torch.empty_like(x)
-    yo = torch.empty_like(y)
-    launch_fn(x, y, xo, yo, cos, sin, backward=backward, copy_pass=cos.shape[-1] < x.shape[-1])
-    return xo, yo
+def cuda_forward(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
+    return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                   mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-class EntryPoints(NamedTuple):
-    forward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    backward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    forward_: Callable[..., None]
+def cuda_backward(
+    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    p = _cuda_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
+    return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
-def entry_points(launch_fn: Callable[..., None]) -> EntryPoints:
-    """A backend's forward (rope), backward (rope_backward, the inverse
-    rotation) and in-place forward (rope_) from its launch function."""
+def cuda_forward_(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> None:
+    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, False)
+    forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
-    def forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        return rotated(launch_fn, q, k, cos, sin, backward=False)
 
-    def backward(dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        return rotated(launch_fn, dq, dk, cos, sin, backward=True)
+# triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on Ascend", the Ascend compile
+# check): float64 data or tables on the NPU run the pure-PyTorch reference there instead.
 
-    def forward_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        launch_fn(q, k, q, k, cos, sin, backward=False, copy_pass=False)
 
-    return EntryPoints(forward, backward, forward_)
+def _float64(*tensors: Tensor | None) -> bool:
+    return any(t is not None and t.dtype == torch.float64 for t in tensors)
+
+
+def npu_forward(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    if _float64(q, k, cos, sin):
+        return reference.forward(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
+    return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                   mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+
+
+def npu_backward(
+    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+):
+    if _float64(dq, dk, cos, sin):
+        return reference.backward(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    p = _npu_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
+    return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+
+
+def npu_forward_(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> None:
+    if _float64(q, k, cos, sin):
+        reference.forward_(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+        return
+    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, False)
+    forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
