@@ -13,7 +13,8 @@ rows), so that work is part of their time.
 
     op                 liger option                   torch (HF reference)           liger_kernel
     rope_position_ids  position_ids (B, S)            llama apply_rotary_pos_emb     gather, LigerRopeFunction
-    rope_interleaved   pairs="interleaved" (+ R < D)  cohere's (full) / glm4's (R<D)  none
+    rope_interleaved   pairs="interleaved" (+ R < D)  cohere's (full) / glm4's (R<D)  LigerLlama4RopeFunction
+                                                                                     (full) / none (R < D)
     rope_partial       (1, S, R) rows, R < D          phi3 apply_rotary_pos_emb      LigerRopeFunction
     rope_k_only        rope(k, None, ..., pos)        k*cos + llama rotate_half(k)*sin  none
     rope_mrope         mrope_section (+ interleaved)  gather, HF's recomposition      LigerQwen2VLMRopeFunction
@@ -208,6 +209,17 @@ def upstream_rows(ops) -> Callable[..., Any]:
     return lambda q_store, k_store, cos, sin: fn_cls.apply(hf_view(q_store), hf_view(k_store), cos, sin)
 
 
+def upstream_llama4(ops) -> Callable[..., Any]:
+    """liger_llama4_text_rotary_pos_emb: interleaved pairs as complex numbers, on HF's (B, S, H, D)
+    storage itself, with Llama 4's (S, D/2) complex freqs_cis."""
+    fn_cls = ops.LigerLlama4RopeFunction
+
+    def fn(q_store, k_store, freqs_cis):
+        return tuple(o.transpose(1, 2) for o in fn_cls.apply(q_store, k_store, freqs_cis))
+
+    return fn
+
+
 def upstream_mrope(ops, section: list[int], interleaved: bool) -> Callable[..., Any]:
     """Qwen2-VL: liger_multimodal_rotary_pos_emb's LigerQwen2VLMRopeFunction on (3, B, S, D) rows.
     Qwen3-VL: what apply_liger_kernel_to_qwen3_vl runs, HF's rotary rows, then LigerRopeFunction."""
@@ -269,6 +281,7 @@ class Plan:
     reference: Callable[[], Callable[..., Any]]
     reference_args: tuple[Any, ...]
     upstream: Callable[[Any], Callable[..., Any]] | None = None
+    upstream_args: tuple[Any, ...] | None = None  # where upstream takes other inputs than the reference
 
 
 def plan(op: str, shape: dict[str, Any], device: str) -> Plan:
@@ -303,7 +316,12 @@ def plan(op: str, shape: dict[str, Any], device: str) -> Plan:
             )
         cos, sin = (x[None] for x in angle_tables(t, rot, device, dt, "interleaved"))  # Cohere's layout
         args = (*stores, cos, sin)
-        return Plan(stores, liger(pairs="interleaved"), args, lambda: hf_rows("cohere"), args)
+        # Upstream's interleaved pairs are Llama 4's: cos + i*sin per pair, made once per forward by
+        # Llama 4's rotary as Cohere's makes its cos/sin rows (complex64: the bytes of bf16 cos and sin).
+        freqs_cis = torch.complex(cos[0, :, ::2].float(), sin[0, :, ::2].float())
+        plan = Plan(stores, liger(pairs="interleaved"), args, lambda: hf_rows("cohere"), args, upstream_llama4)
+        plan.upstream_args = (*stores, freqs_cis)
+        return plan
     cos, sin = angle_tables(shape["max_pos"], rot, device, dt)
     if op == "rope_mrope":
         section, il = list(shape["mrope_section"]), bool(shape.get("mrope_interleaved", False))
@@ -348,5 +366,5 @@ def build(op: str, provider: str, shape: dict[str, Any], device: str, compiled, 
     if provider == "liger_kernel":
         if p.upstream is None:
             raise unavailable(f"no liger_kernel equivalent of {op}")
-        return p.upstream(upstream()), p.reference_args, p.stores
+        return p.upstream(upstream()), p.upstream_args or p.reference_args, p.stores
     raise ValueError(provider)
