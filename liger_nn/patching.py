@@ -2,19 +2,21 @@
 
 What is replaced (each kind can be switched off):
 
-* ``rope``: the module-level rotary functions (``apply_rotary_pos_emb``,
-  and where an architecture has them ``apply_rotary_pos_emb_vision`` /
+* ``rope``: the module-level rotary functions (``apply_rotary_pos_emb``, and
+  where an architecture has them ``apply_rotary_pos_emb_vision`` and
   ``apply_rotary_pos_emb_interleave``) of the transformers modeling modules
   the model's classes come from, for the architectures in
-  ``ROPE_ARCHITECTURES``; ``ROPE_FUNCTIONS`` gives each function's
-  convention (rotate_half, partial rotary, GPT-J pairs, GLM, DeepSeek's
-  interleave, packed vision tokens; ``ROPE_CONVENTIONS``).  The attention
-  ``forward`` looks the name up in its module's globals on every call, so the swap is
-  **process-wide for that architecture**: every model of the architecture in
-  the process uses the op until the last handle that patched it is removed.
-  transformers (5.17) offers no per-instance hook for this function: its
-  class-level patch mapping acts only while a model is created, and the hub
-  ``kernels`` decorators need the ``kernels`` package and a hub repository.
+  ``ROPE_ARCHITECTURES``.  ``ROPE_FUNCTIONS`` names each function's
+  convention (``ROPE_CONVENTIONS``: rotate_half, partial rotary, GPT-J pairs,
+  GLM's, DeepSeek's interleave, packed vision tokens), i.e. which drop-in of
+  ``liger_nn`` replaces it and with which options of the op.  The attention
+  ``forward`` looks the name up in its module's globals on every call, so the
+  swap is **process-wide for that architecture**: every model of the
+  architecture in the process uses the op until the last handle that patched
+  it is removed.  transformers (5.17) offers no per-instance hook for these
+  functions: its class-level patch mapping acts only while a model is
+  created, and the hub ``kernels`` decorators need the ``kernels`` package and
+  a hub repository.
 * ``group_norm``: every submodule whose class is exactly ``torch.nn.GroupNorm``
   (subclasses are left alone) becomes a ``liger_nn.GroupNorm`` holding the
   *same* Parameter objects (an optimizer built earlier keeps working), so
@@ -24,9 +26,9 @@ What is replaced (each kind can be switched off):
   ``eps`` becomes a ``liger_nn.PolyNorm`` sharing those parameters.  Per model.
 
 Before anything is swapped, each candidate is checked numerically against its
-original on a tiny float32 CPU input (each rotary function, with its
-convention's layouts; each distinct PolyNorm class); a candidate that disagrees is left
-alone and the report says why.  GroupNorm needs no check: the class is exact.
+original on tiny float32 CPU inputs (each rotary function in its convention's
+layouts, with random tables; each distinct PolyNorm class); a candidate that
+disagrees is left alone and the report says why.  GroupNorm needs no check: the class is exact.
 
 The returned ``LigerPatch`` reports what was replaced and what was left alone,
 and undoes everything with ``remove()`` or on leaving a ``with`` block.
