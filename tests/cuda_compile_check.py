@@ -139,6 +139,21 @@ def _launch_rope_paths() -> None:
                     getattr(rope_launch, f"{prefix}_forward_")(q, k, cos, sin)
         heads_loop = rope_plan.Plan(block_qh=2, block_kh=1, programs=12, num_warps=1)
         rope_launch.forward(q, k, cos, sin, heads_loop)
+        # The options: every position source and pair layout, single tensors, packed tokens.
+        table = torch.zeros(16, 32, dtype=dt)
+        ids, mrope_ids = torch.zeros(2, 6, dtype=torch.int64), torch.zeros(3, 6, dtype=torch.int32)
+        packed = torch.zeros(6, 2, 64, dtype=dt)
+        calls = [
+            ((None, packed), {"cu_seqlens": torch.tensor([0, 2, 6], dtype=torch.int32), "pairs": "interleaved"}),
+            ((q, None), {"position_ids": ids, "pairs": "interleaved_to_halves"}),
+            ((q, k), {"position_ids": mrope_ids, "mrope_section": [8, 4, 4], "mrope_interleaved": True}),
+            ((q[:1], k[:1]), {"position_ids": mrope_ids, "mrope_section": [8, 4, 4], "pairs": "interleaved"}),
+        ]
+        for (x, y), options in calls:
+            for prefix in ("cuda", "npu"):
+                getattr(rope_launch, f"{prefix}_forward")(x, y, table, table, **options)
+                getattr(rope_launch, f"{prefix}_backward")(x, y, table, table, **options)
+                getattr(rope_launch, f"{prefix}_forward_")(x, y, table, table, **options)
 
 
 def main() -> int:

@@ -52,3 +52,25 @@ def reference_outputs_and_grads(q, k, cos, sin, dq_out, dk_out):
     outs = reference.forward(*leaves, cos.double(), sin.double())
     grads = torch.autograd.grad(outs, leaves, (dq_out.double(), dk_out.double()))
     return tuple(o.detach() for o in outs), grads
+
+
+def angle_table(max_pos, rot, dtype, pairs="halves", device=DEVICE, base=10000.0):
+    """(max_pos, R) cos and sin tables for position lookups, laid out like the
+    output's rotary dims: cat(freqs, freqs) for halves (HF's default rotary),
+    repeat_interleave(freqs, 2) for interleaved pairs (Cohere's, GPT-J's)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    freqs = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq
+    emb = freqs.repeat_interleave(2, dim=-1) if pairs == "interleaved" else torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+def reference_variant_grads(q, k, cos, sin, dq_out, dk_out, **options):
+    """Float64 outputs and gradients through the reference forward; q or k may be None."""
+    leaves = [None if t is None else t.detach().double().requires_grad_() for t in (q, k)]
+    outs = reference.forward(*leaves, cos.double(), sin.double(), **options)
+    pairs = [(o, g.double(), x) for o, g, x in zip(outs, (dq_out, dk_out), leaves, strict=True) if x is not None]
+    grads = torch.autograd.grad([o for o, _, _ in pairs], [x for _, _, x in pairs], [g for _, g, _ in pairs])
+    it = iter(grads)
+    return tuple(None if o is None else o.detach() for o in outs), tuple(
+        None if x is None else next(it) for x in leaves
+    )

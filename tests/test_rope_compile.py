@@ -98,3 +98,59 @@ def test_compile_table_requiring_grad_is_an_error_not_a_zero_gradient():
     q, k, cos, sin = _inputs(5, requires_grad=True)
     with pytest.raises(Exception, match="cos and sin get no gradient"):
         fn(q, k, cos.requires_grad_(), sin)
+
+
+# --- The options of issue 18: opcheck and compile
+
+
+def _variant_calls(seq: int, dtype=torch.float32, requires_grad=False):
+    """(args, kwargs) of calls covering each option: packed tokens with
+    cu_seqlens, interleaved partial pairs and k alone; (B, H, S, D) with M-RoPE
+    position ids, DeepSeek's pairs and q alone; position_ids (B, S) with both."""
+    g = requires_grad
+    cos, sin = (torch.randn(seq + 2, 8, device=DEVICE, dtype=dtype) for _ in range(2))
+    packed_k = torch.randn(seq, 2, 12, device=DEVICE, dtype=dtype).requires_grad_(g)
+    cu_seqlens = torch.tensor([0, seq // 2, seq], dtype=torch.int32, device=DEVICE)
+    q = make_heads(2, 3, seq, 8, dtype, "transposed").requires_grad_(g)
+    k = make_heads(2, 1, seq, 8, dtype, "contiguous").requires_grad_(g)
+    mrope_ids = torch.randint(0, seq + 2, (3, 2, seq), device=DEVICE)
+    ids = torch.randint(0, seq + 2, (2, seq), device=DEVICE)
+    return [
+        ((None, packed_k, cos, sin), {"cu_seqlens": cu_seqlens, "pairs": "interleaved"}),
+        ((q, None, cos, sin), {"position_ids": mrope_ids, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+                               "pairs": "interleaved_to_halves"}),
+        ((q, k, cos, sin), {"position_ids": ids}),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", [0, 1])
+@pytest.mark.parametrize("op_name", ["rope", "rope_backward", "rope_"])
+def test_opcheck_options(op_name, case):
+    args, kwargs = _variant_calls(6, requires_grad=op_name != "rope_")[case]
+    torch.library.opcheck(getattr(torch.ops.liger, op_name).default, args, kwargs, test_utils=OPCHECK_UTILS)
+
+
+def _variant_step(calls):
+    """A loss over every call's outputs: one graph holding each option."""
+    loss = 0.0
+    for args, kwargs in calls:
+        for out in torch.ops.liger.rope(*args, **kwargs):
+            if out is not None:
+                loss = loss + out.float().square().sum()
+    return loss
+
+
+def test_compile_options_fullgraph_dynamic_no_recompiles():
+    """aot_eager: the tracing (fake kernels, autograd, functionalization) is
+    what the options add; inductor's codegen around the ops is the plain
+    rope test's."""
+    counter = CompileCounterWithBackend("aot_eager")
+    step = torch.compile(_variant_step, backend=counter, fullgraph=True, dynamic=True)
+    for seq in (5, 7, 9):  # unlike every other size of a call: no duck-sized guard
+        calls = _variant_calls(seq, requires_grad=True)
+        leaves = [t for args, _ in calls for t in args[:2] if t is not None and t.requires_grad]
+        grads = torch.autograd.grad(step(calls), leaves)
+        want = torch.autograd.grad(_variant_step(calls), leaves)
+        for got, ref in zip(grads, want, strict=True):
+            torch.testing.assert_close(got, ref)
+    assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames for 3 sequence lengths"

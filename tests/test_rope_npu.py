@@ -8,14 +8,23 @@ import json
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
 from csrc_free_ops.rope import launch, plan, reference
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, assert_close_to_ref, poison_like, simulate_ascend
 from tests.privateuse1_backend import run_scenario
-from tests.rope_cases import HEAD_LAYOUTS, TABLE_LAYOUTS, make_heads, make_table, reference_outputs_and_grads
+from tests.rope_cases import (
+    HEAD_LAYOUTS,
+    TABLE_LAYOUTS,
+    angle_table,
+    make_heads,
+    make_table,
+    reference_outputs_and_grads,
+    reference_variant_grads,
+)
+from tests.test_rope_variants import build_variant, variants
 
 # A UB this small holds one or a few heads per block.
 SMALL_UB = 4096
@@ -159,6 +168,34 @@ def test_npu_kernels_pass_no_warps_or_stages(ascend):
             assert _plan(q, k, cos, sin, copy_pass).num_warps is None
 
 
+@settings(max_examples=8)
+@given(v=variants(), ub=st.sampled_from([1024, SMALL_UB, 192 * 1024]), cores=st.integers(1, 7))
+def test_npu_launchers_every_variant(v, ub, cores):
+    """The options of issue 18 on the NPU plan (stride-2 pairs, grid-stride
+    rows, UB-sized head blocks): forward, backward and in place against the
+    float64 reference."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(ub))
+        mp.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(cores))
+        q, k, cos, sin, options = build_variant(v, "cpu")
+        grads_out = tuple(None if x is None else torch.randn_like(x) for x in (q, k))
+        refs, ref_grads = reference_variant_grads(q, k, cos, sin, *grads_out, **options)
+        outs = launch.npu_forward(q, k, cos, sin, **options)
+        grads = launch.npu_backward(*grads_out, cos, sin, **options)
+        inplace = tuple(None if x is None else x.clone() for x in (q, k))
+        launch.npu_forward_(*inplace, cos, sin, **options)
+        for got, want, what in ((outs, refs, "out"), (grads, ref_grads, "grad"), (inplace, refs, "in place")):
+            for g, w in zip(got, want, strict=True):
+                assert (g is None) == (w is None)
+                if g is not None:
+                    assert_close_to_ref(g, w, v["dtype"], what)
+        problem = launch.problem(q, k, cos, sin, False, cu_seqlens=options.get("cu_seqlens"),
+                                 mrope_section=options.get("mrope_section"))  # fmt: skip
+        p = plan.npu(problem, ub, cores)
+        assert p.programs <= cores and p.num_warps is None and not p.split_pairs
+        assert p.block_seqs <= plan.NPU_MAX_SEQS_BLOCK
+
+
 # --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)
 
 
@@ -180,15 +217,25 @@ def dispatch_scenario() -> None:
     refs, grad_refs = reference_outputs_and_grads(q, k, cos, sin, dq_out, dk_out)
     q_in, k_in = backend.to_npu(q.clone()), backend.to_npu(k.clone())
     torch.ops.liger.rope_(q_in, k_in, backend.to_npu(cos), backend.to_npu(sin))
-    got = (*outs, *grads, q_in, k_in)
-    want = (*refs, *grad_refs, *refs)
+    # k alone, packed tokens, positions looked up in the kernel, interleaved pairs
+    packed_k, dk_packed = torch.randn(6, 2, 8), torch.randn(6, 2, 8)
+    table_cos, table_sin = angle_table(4, 8, torch.float32, "interleaved", "cpu")
+    options = {"position_ids": torch.tensor([0, 1, 2, 0, 1, 3]), "pairs": "interleaved"}
+    leaf = backend.to_npu(packed_k).requires_grad_()
+    npu_options = {**options, "position_ids": backend.to_npu(options["position_ids"])}
+    no_q, k_out = torch.ops.liger.rope(None, leaf, backend.to_npu(table_cos), backend.to_npu(table_sin), **npu_options)
+    (dk_in,) = torch.autograd.grad(k_out, leaf, backend.to_npu(dk_packed))
+    (_, k_ref), (_, dk_ref) = reference_variant_grads(None, packed_k, table_cos, table_sin, None, dk_packed, **options)
+    got = (*outs, *grads, q_in, k_in, k_out, dk_in)
+    want = (*refs, *grad_refs, *refs, k_ref, dk_ref)
     errors = [((a.cpu().double() - b).norm() / b.norm()).item() for a, b in zip(got, want, strict=True)]
-    print(json.dumps({"devices": [str(t.device) for t in got], "calls": calls, "errors": errors}))
+    devices = [str(t.device) for t in got]
+    print(json.dumps({"devices": devices, "calls": calls, "errors": errors, "no_q": no_q is None}))
 
 
 def test_privateuse1_dispatch_reaches_npu_launchers():
     out = json.loads(run_scenario("tests.test_rope_npu", "dispatch_scenario").strip().splitlines()[-1])
-    assert out["devices"] == ["npu:0"] * 6
-    steps = ("forward", "backward", "forward_")
+    assert out["devices"] == ["npu:0"] * 8 and out["no_q"]
+    steps = ("forward", "backward", "forward_", "forward", "backward")
     assert out["calls"] == [f"csrc_free_ops.rope.{room}" for step in steps for room in ("plan.npu", f"launch.{step}")]
     assert all(e < 1e-5 for e in out["errors"]), out["errors"]
