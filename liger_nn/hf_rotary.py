@@ -6,16 +6,15 @@ Llama's ``rotate_half`` one, partial rotary included.  Gradients flow to q
 and k only.  The tables may be float32 with half-precision q and k: the math
 runs in float32 and each output keeps its input's dtype.
 
-======================================  ==========================  ==============================
-function                                transformers (5.17)         op options
-======================================  ==========================  ==============================
-apply_rotary_pos_emb_interleaved        Cohere (GPT-J pairs)        pairs="interleaved"
-apply_rotary_pos_emb_glm                GLM, GLM-4 (partial)        pairs="interleaved", the
-                                                                    tables' first half
-                                                                    repeat-interleaved
-apply_rotary_pos_emb_interleave         DeepSeek-V3 rope_interleave pairs="interleaved_to_halves"
-apply_rotary_pos_emb_vision             Qwen2-VL, Qwen2.5-VL vision packed tokens (T, H, D)
-======================================  ==========================  ==============================
+================================  ============================  ===================================
+function                          transformers 5.17             op options
+================================  ============================  ===================================
+apply_rotary_pos_emb_interleaved  Cohere (GPT-J pairs)          pairs="interleaved"
+apply_rotary_pos_emb_glm          GLM-4 (and GLM: same code),   pairs="interleaved", the tables'
+                                  partial rotary                first half repeat-interleaved
+apply_rotary_pos_emb_interleave   DeepSeek-V3, rope_interleave  pairs="interleaved_to_halves"
+apply_rotary_pos_emb_vision       Qwen2-VL, Qwen2.5-VL vision   packed tokens (T, H, D)
+================================  ============================  ===================================
 """
 
 from __future__ import annotations
