@@ -4,6 +4,7 @@ Top layer: everything here calls the ops through ``torch.ops.liger`` (after
 importing ``registrations``), never the kernel launchers.  Entry points:
 
 * ``python -m bench.run``            speed / bandwidth / memory records, plots, summary
-* ``python -m bench.host_overhead``  host cost of one tiny forward+backward
+* ``python -m bench.host_overhead``  host cost of tiny calls, every path side by side
+* ``python -m bench.compare_trees``  two source trees timed side by side (new / old)
 * ``python -m bench.demo``           every op checked against float64 and timed
 """

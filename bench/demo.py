@@ -3,24 +3,31 @@ device present, checked against the float64 reference and timed.
 
     python -m bench.demo        (nox -s demo)
 
-CUDA when available (fp32 and bf16, modest training shapes); otherwise CPU
-with the Triton interpreter running the real kernels (fp32, small shapes,
-well under a minute).  The ops are called through the user-facing drop-ins
-in liger_nn (PolyNorm, apply_rotary_pos_emb, GroupNorm), which sit on
-torch.ops.liger.*; the float64 closed forms in csrc_free_ops.<op>.reference
-are the ground truth.  Exits 1 if any error is over its tolerance.
+CUDA when available (fp32 and bf16, modest training shapes), followed by a
+short speed table against upstream Liger-Kernel and torch.compile (each when
+installed); otherwise CPU with the Triton interpreter running the real
+kernels (fp32, small shapes, well under a minute), where the speed table is
+skipped: interpreter times say nothing about speed.  The ops are called
+through the user-facing drop-ins in liger_nn (PolyNorm,
+apply_rotary_pos_emb, GroupNorm), which sit on torch.ops.liger.*; the
+float64 closed forms in csrc_free_ops.<op>.reference are the ground truth.
+Exits 1 if any error is over its tolerance.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
+if __name__ == "__main__":  # the imports below take seconds (tens on a first run, compiling bytecode)
+    print("csrc-free-ops demo: importing torch, triton and the ops ...", flush=True)
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     # Before any kernel module is imported: run the Triton kernels on CPU tensors.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import argparse  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -32,7 +39,7 @@ from csrc_free_ops.group_norm import reference as gn_ref  # noqa: E402
 from csrc_free_ops.poly_norm import reference as pn_ref  # noqa: E402
 from csrc_free_ops.rope import reference as rope_ref  # noqa: E402
 
-# Largest elementwise error relative to max |reference|, forward and backward.
+# The largest "rel err" (max |ours - reference| / max |reference|) each dtype passes with: (forward, backward).
 TOLERANCE = {
     torch.float32: (1e-4, 1e-3),
     torch.float16: (4e-3, 1e-2),
@@ -87,8 +94,11 @@ def _sync(device: str) -> None:
 
 
 def time_ms(fn: Callable[[], object], device: str, reps: int) -> float:
-    fn()
-    _sync(device)
+    """Median wall-clock ms of fn() over reps calls, after one warm-up call on
+    CUDA (on CPU the call before the timing warmed up the interpreter)."""
+    if device == "cuda":
+        fn()
+        _sync(device)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -169,37 +179,161 @@ def demo_group_norm(device: str, dtype: torch.dtype, reps: int) -> Row:
 DEMOS = (demo_poly_norm, demo_rope, demo_group_norm)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def format_table(rows: Sequence[Row]) -> str:
-    head = ["op", "device", "dtype", "shape", "max rel err fwd", "max rel err bwd", "fwd ms", "bwd ms", "ok"]
+    head = ["op", "device", "dtype", "shape", "rel err fwd", "rel err bwd", "tol fwd / bwd", "fwd ms", "bwd ms", "ok"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r.op, r.device, str(r.dtype).removeprefix("torch."), r.shape]
-        cells += [f"{r.fwd_err:.2e}", f"{r.bwd_err:.2e}", f"{r.fwd_ms:.3f}", f"{r.bwd_ms:.3f}"]
+        fwd_tol, bwd_tol = TOLERANCE[r.dtype]
+        cells = [r.op, r.device, _dtype_name(r.dtype), r.shape, f"{r.fwd_err:.2e}", f"{r.bwd_err:.2e}"]
+        cells += [f"{fwd_tol:.0e} / {bwd_tol:.0e}", f"{r.fwd_ms:.3f}", f"{r.bwd_ms:.3f}"]
         cells.append("ok" if r.ok else "OVER TOLERANCE")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def legend(device: str) -> str:
+    """What the columns of format_table mean."""
+    lines = [
+        "Columns:",
+        "  rel err fwd / bwd  max |ours - reference| / max |reference|, the worst over the outputs (fwd) or",
+        "                     the gradients (bwd); reference: the float64 closed form on the same inputs",
+        "  tol fwd / bwd      the largest rel err the dtype passes with",
+        "  fwd ms / bwd ms    median wall-clock ms of one forward call / of the backward of one kept graph",
+        "  ok                 both errors within tolerance",
+    ]
+    if device == "cpu":
+        lines.insert(5, "                     (on the CPU: interpreter times, which say nothing about speed)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Speed against the rivals (CUDA only)
+
+RIVALS = {"liger_kernel": "Liger-Kernel", "compile": "torch.compile"}
+COMPARE_DTYPE = "bfloat16"
+
+
+def compare_shapes() -> dict[str, dict]:
+    """The CUDA demo shapes, in bench.providers' terms."""
+    m, h = CUDA_SHAPES["poly_norm"]
+    b, hq, hkv, t, d = CUDA_SHAPES["rope"]
+    n, c, length, groups = CUDA_SHAPES["group_norm"]
+    return {
+        "poly_norm": {"M": m, "H": h, "dtype": COMPARE_DTYPE},
+        "rope": {"B": b, "T": t, "n_q_heads": hq, "n_kv_heads": hkv, "head_dim": d, "dtype": COMPARE_DTYPE},
+        "group_norm": {"M": n, "C": c, "H": length, "num_groups": groups, "dtype": COMPARE_DTYPE},
+    }
+
+
+def gpu_ms(fn: Callable[[], object]) -> float:
+    """Median ms of fn() by triton.testing.do_bench (L2 flushed before each call)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def compare(device: str, timer: Callable[[Callable[[], object]], float] = gpu_ms) -> dict[str, dict[str, object]]:
+    """op -> provider -> forward+backward ms, or the reason a rival did not run.
+    Providers: this project ("liger") and RIVALS, through bench.providers."""
+    from bench import providers
+
+    results: dict[str, dict[str, object]] = {}
+    for op, shape in compare_shapes().items():
+        results[op] = {}
+        for provider in ("liger", *RIVALS):
+            try:
+                built = providers.build(op, provider, shape, device)
+                built.prepare()
+                results[op][provider] = timer(built.full_timer())
+            except Exception as e:  # a rival not installed (ProviderUnavailable) or failing here
+                if provider == "liger":
+                    raise
+                reason = str(e) if isinstance(e, providers.ProviderUnavailable) else repr(e)
+                results[op][provider] = reason.split("\n")[0]
+    return results
+
+
+def format_comparison(results: dict[str, dict[str, object]], upstream: str | None) -> str:
+    """The speed table, then why each rival that did not run did not."""
+    names = {**RIVALS, "liger_kernel": f"Liger-Kernel {upstream}" if upstream else "Liger-Kernel"}
+    head = ["op", "ours ms"]
+    for provider in RIVALS:
+        head += [f"{names[provider]} ms", "x"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    reasons: dict[str, str] = {}
+    for op, times in results.items():
+        ours = times["liger"]
+        cells = [op, f"{ours:.3f}"]
+        for provider in RIVALS:
+            t = times[provider]
+            if isinstance(t, float):
+                cells += [f"{t:.3f}", f"{t / ours:.2f}"]
+            else:
+                cells += ["not run", "-"]
+                reasons.setdefault(f"{names[provider]} not run: {t}", op)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + list(reasons))
+
+
+def comparison_report(device: str) -> str:
+    """The speed table on CUDA; on the CPU, why there is none."""
+    if device != "cuda":
+        return (
+            "Speed against upstream Liger-Kernel and torch.compile: skipped on the CPU. The interpreter runs the "
+            "kernels in Python, so its times say nothing about speed; on a CUDA GPU the demo prints that table."
+        )
+    from bench import providers
+
+    title = (
+        f"Speed, {COMPARE_DTYPE} forward+backward at the shapes above (median ms, triton.testing.do_bench of the "
+        'eager calls, L2 flushed); "x" = the rival\'s time / ours, above 1 means ours is faster. Missing rivals: '
+        "pip install liger-kernel (the compare extra); torch.compile comes with torch."
+    )
+    return title + "\n" + format_comparison(compare(device), providers.upstream_version())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    del argv
+    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-compare", action="store_true", help="skip the CUDA speed table against the rivals")
+    args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtypes = (torch.float32, torch.bfloat16) if device == "cuda" else (torch.float32,)
     reps = 20 if device == "cuda" else 1
-    where = torch.cuda.get_device_name() if device == "cuda" else "CPU, Triton interpreter"
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        where = "CPU, pure-PyTorch fallback (TRITON_INTERPRET was not set at import)"
-    print(f"csrc-free-ops demo on {where}; torch {torch.__version__}")
+    if device == "cuda":
+        where = f"{torch.cuda.get_device_name()}, the compiled Triton kernels"
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        where = "the CPU, the Triton kernels under the Triton interpreter (TRITON_INTERPRET=1)"
+    else:
+        where = "the CPU, the pure-PyTorch reference (TRITON_INTERPRET was not set before import)"
+    print(f"csrc-free-ops demo on {where}; torch {torch.__version__}, triton {_triton_version()}")
+    print("Each op forward and backward through liger_nn, checked against its float64 reference ...", flush=True)
     rows = []
     for dtype in dtypes:
         for demo in DEMOS:
             rows.append(demo(device, dtype, reps))
     print(format_table(rows))
+    print(legend(device))
     bad = [r for r in rows if not r.ok]
     if bad:
-        print(f"FAILED: {len(bad)} case(s) over tolerance (fwd, bwd) {[TOLERANCE[r.dtype] for r in bad]}")
+        print(f"FAILED: {len(bad)} case(s) over tolerance: " + ", ".join(f"{r.op} {_dtype_name(r.dtype)}" for r in bad))
         return 1
-    print("all ops within tolerance of the float64 reference")
+    print("All ops within tolerance of the float64 reference.")
+    if not args.no_compare:
+        print()
+        if device == "cuda":
+            print("Timing ours against the rivals (torch.compile compiles each reference first) ...", flush=True)
+        print(comparison_report(device), flush=True)
     return 0
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
 
 
 if __name__ == "__main__":

@@ -1,43 +1,78 @@
-"""Host cost of one forward + backward on a tiny input.
+"""Host cost of one call on a tiny input, every path side by side.
 
-    python -m bench.host_overhead [--iters 200] [--repeats 15] [--device cuda|cpu]
+    python -m bench.host_overhead [--iters 300] [--repeats 15] [--ops ...] [--paths ...]
+    python -m bench.host_overhead --profile group_norm [--profile-mode backward] [--profile-iters 500]
 
 On tiny inputs the device work is negligible, so the time per iteration is
-the Python + dispatcher + autograd + kernel-launch cost.  Paths compared:
+the Python + dispatcher + autograd + allocation + kernel-launch cost.  For
+each op, every path below is timed forward-only ("fwd": the forward on
+inputs that require grad, so autograd records its graph, as in training)
+and forward+backward ("fwd+bwd": the forward, then torch.autograd.grad of
+the outputs against fixed output gradients with respect to every input that
+takes one; no .grad accumulation):
 
     liger         torch.ops.liger.* (custom op, torch.library autograd)
-    liger_kernel  upstream's autograd.Function.apply (when importable)
-    torch         the eager reference (several ATen kernels per op)
+    liger_kernel  upstream Liger-Kernel's autograd.Function.apply (when importable)
+    compile       torch.compile of the eager reference
+    torch         the eager reference (several ATen kernels for poly_norm and rope)
+    native        torch's native F.group_norm on group_norm's tiny input, whatever
+                  the op: the cost of one native op through autograd, the
+                  yardstick of issue 17's 1.3x target
+    floor         a torch.autograd.Function whose forward and backward each
+                  allocate their output and launch one empty Triton kernel: the
+                  least a Python autograd formula costs on this host
 
-One iteration is the harness's full mode: forward, then
-torch.autograd.grad of the outputs against fixed output gradients with
-respect to every input that takes one (no .grad accumulation).  A round
-times ``iters`` of them back to back for each path in turn (the order
-rotates from round to round), with one torch.cuda.synchronize() at the end
-of each; the table shows each path's median over the rounds in
-microseconds per iteration, and the median over rounds of the per-round
-ratio liger / liger_kernel.  Interleaving matters: the device machine's
-host speed drifts by tens of percent within a minute, so paths timed one
-after the other compare different hosts.  On CPU the numbers include the
-compute (under TRITON_INTERPRET=1 the interpreter dominates), so they only
-mean something on a GPU.
+A round times ``iters`` calls of each (path, fwd | fwd+bwd) back to back,
+with one synchronize at the end, in an order that starts one step further
+along every round; the device machine's host speed drifts by tens of
+percent within a minute, so only steps timed in the same round compare.
+The table shows each step's median over the rounds (us per call) and, as
+ratios, the median over rounds of the per-round ratio: fwd against native
+fwd, fwd+bwd against native fwd+bwd and against floor fwd+bwd.  Below it,
+issue 17's targets for liger.  On CPU the numbers include the compute (the
+Triton interpreter dominates), so they mean something on a GPU only.
+
+``--profile OP`` instead runs one path of one op (``--profile-path``,
+default liger; ``--profile-mode`` forward, backward (the backward alone,
+on a retained graph; default) or full) ``--profile-iters`` times under
+cProfile and torch.profiler and prints the top entries of each: where the
+host time goes.  On CUDA the autograd engine runs the backward on its
+device thread; cProfile sees that thread from Python 3.12 on (it is built
+on sys.monitoring there), torch.profiler always does.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import functools
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
+# Issue 17's tiny inputs (dtype from --dtype).
 TINY = {
-    "poly_norm": {"M": 4, "H": 64, "dtype": "float32"},
-    "rope": {"B": 1, "T": 4, "n_q_heads": 2, "n_kv_heads": 1, "head_dim": 8, "dtype": "float32"},
-    "group_norm": {"M": 2, "C": 8, "H": 4, "num_groups": 2, "dtype": "float32"},
+    "poly_norm": {"M": 4, "H": 64},
+    "rope": {"B": 1, "T": 16, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 64},
+    "group_norm": {"M": 2, "C": 8, "H": 16, "num_groups": 4},
 }
-PATHS = ("liger", "liger_kernel", "torch")
+PROVIDER_PATHS = ("liger", "liger_kernel", "compile", "torch")
+YARDSTICKS = ("native", "floor")
+PATHS = PROVIDER_PATHS + YARDSTICKS
+KINDS = ("fwd", "fwd+bwd")
+# Issue 17's targets for liger: fwd+bwd within this factor of native's, or of the floor's
+# where the floor itself is above it.
+NATIVE_FACTOR = 1.3
+FLOOR_FACTOR = 1.1
+
+
+def tiny_shape(op: str, dtype: str) -> dict[str, Any]:
+    return {**TINY[op], "dtype": dtype}
 
 
 def time_us(step: Callable[[], object], device: str, iters: int) -> float:
@@ -56,8 +91,8 @@ def time_us(step: Callable[[], object], device: str, iters: int) -> float:
 def interleaved(
     steps: dict[str, Callable[[], object]], device: str, iters: int, repeats: int
 ) -> dict[str, list[float]]:
-    """Per path, its time in each of ``repeats`` rounds; every round times
-    every path, starting one path further along each time."""
+    """Per step, its time in each of ``repeats`` rounds; every round times
+    every step, starting one step further along each time."""
     names = list(steps)
     for name in names:
         time_us(steps[name], device, max(3, iters // 10))  # warm-up
@@ -69,64 +104,259 @@ def interleaved(
     return rounds
 
 
-Results = dict[tuple[str, str], "float | str"]
+# --------------------------------------------------------------------------
+# The yardsticks
 
 
-def measure(device: str, iters: int, repeats: int, ops: Sequence[str]) -> Results:
-    """Each path's median, plus ("ratio") the median of per-round liger / liger_kernel."""
+@functools.cache
+def floor_function() -> type:
+    """An autograd.Function that costs what any Python autograd formula costs:
+    forward and backward each allocate one output and launch one empty
+    Triton kernel.  Built on first use, after TRITON_INTERPRET is settled."""
+    import torch
+    import triton
+
+    @triton.jit
+    def empty_kernel(out_ptr):
+        pass
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.empty_like(x)
+            empty_kernel[(1,)](y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            dx = torch.empty_like(dy)
+            empty_kernel[(1,)](dx)
+            return dx
+
+    return Floor
+
+
+def build_path(op: str, path: str, device: str, dtype: str) -> Any:
+    """A prepared providers.Built for one path at op's tiny shape (native and
+    floor at group_norm's tiny shape, whatever op)."""
+    import torch.nn.functional as F
+
     from bench import providers
 
+    if path in PROVIDER_PATHS:
+        built = providers.build(op, path, tiny_shape(op, dtype), device)
+    elif path == "native":
+        shape = tiny_shape("group_norm", dtype)
+        x, w, b = providers.group_norm_inputs(shape, device)
+        groups, eps = shape["num_groups"], providers.GROUP_NORM_EPS
+        built = providers.Built(lambda x, w, b: F.group_norm(x, groups, w, b, eps), (x, w, b), (x, w, b))
+    elif path == "floor":
+        x, _, _ = providers.group_norm_inputs(tiny_shape("group_norm", dtype), device)
+        built = providers.Built(floor_function().apply, (x,), (x,))
+    else:
+        raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    built.prepare()
+    return built
+
+
+# --------------------------------------------------------------------------
+# Measurement and table
+
+Results = dict[tuple[str, str], Any]
+
+
+def _median_ratio(rounds: dict[str, list[float]], num: str, den: str) -> float | None:
+    if num not in rounds or den not in rounds:
+        return None
+    return statistics.median(a / b for a, b in zip(rounds[num], rounds[den], strict=True))
+
+
+def measure(
+    device: str, iters: int, repeats: int, ops: Sequence[str], paths: Sequence[str] = PATHS, dtype: str = "float32"
+) -> Results:
+    """Per op: (op, "path kind") -> median us, or "skipped (...)" for a path that could not be
+    built; (op, "ratios") -> {(num_step, den_step): median of per-round num / den}."""
     results: Results = {}
     for op in ops:
-        steps = {}
-        for path in PATHS:
+        steps: dict[str, Callable[[], object]] = {}
+        for path in paths:
             try:
-                built = providers.build(op, path, TINY[op], device)
-                built.prepare()
-                steps[path] = built.full
+                built = build_path(op, path, device, dtype)
             except Exception as e:
-                results[(op, path)] = f"skipped ({type(e).__name__})"
+                results[(op, path)] = f"skipped ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+                continue
+            steps[f"{path} fwd"] = built.forward
+            steps[f"{path} fwd+bwd"] = built.full
         rounds = interleaved(steps, device, iters, repeats)
-        for path, times in rounds.items():
-            results[(op, path)] = statistics.median(times)
-        if "liger" in rounds and "liger_kernel" in rounds:
-            ratios = [a / b for a, b in zip(rounds["liger"], rounds["liger_kernel"], strict=True)]
-            results[(op, "ratio")] = statistics.median(ratios)
+        for name, times in rounds.items():
+            results[(op, name)] = statistics.median(times)
+        ratios = {}
+        for path in paths:
+            for num, den in (("fwd", "native fwd"), ("fwd+bwd", "native fwd+bwd"), ("fwd+bwd", "floor fwd+bwd")):
+                ratios[(f"{path} {num}", den)] = _median_ratio(rounds, f"{path} {num}", den)
+            for rival in ("liger_kernel", "compile"):
+                for kind in KINDS:
+                    ratios[(f"{path} {kind}", f"{rival} {kind}")] = _median_ratio(
+                        rounds, f"{path} {kind}", f"{rival} {kind}"
+                    )
+        results[(op, "ratios")] = ratios
     return results
 
 
-def table(results: Results, ops: Sequence[str]) -> str:
-    head = ["op"] + [f"{p} us/iter" for p in PATHS] + ["liger / liger_kernel (median of rounds)"]
+def _us(v: Any) -> str:
+    return f"{v:.1f}" if isinstance(v, float) else "-"
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.2f}x" if v is not None else "-"
+
+
+def table(results: Results, ops: Sequence[str], paths: Sequence[str] = PATHS) -> str:
+    head = ["op", "path", "fwd us", "fwd+bwd us", "fwd / native fwd", "fwd+bwd / native fwd+bwd"]
+    head.append("fwd+bwd / floor fwd+bwd")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for op in ops:
-        cells = []
-        for p in PATHS:
-            v = results.get((op, p))
-            cells.append(f"{v:.1f}" if isinstance(v, float) else str(v))
-        ratio = results.get((op, "ratio"))
-        ratio = f"{ratio:.2f}" if isinstance(ratio, float) else "-"
-        lines.append("| " + " | ".join([op, *cells, ratio]) + " |")
+        ratios = results.get((op, "ratios"), {})
+        for path in paths:
+            skipped = results.get((op, path))
+            if isinstance(skipped, str):
+                lines.append("| " + " | ".join([op, path, skipped, "-", "-", "-", "-"]) + " |")
+                continue
+            cells = [op, path, _us(results.get((op, f"{path} fwd"))), _us(results.get((op, f"{path} fwd+bwd")))]
+            cells += [
+                _x(ratios.get((f"{path} fwd", "native fwd"))),
+                _x(ratios.get((f"{path} fwd+bwd", "native fwd+bwd"))),
+                _x(ratios.get((f"{path} fwd+bwd", "floor fwd+bwd"))),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _verdict(value: float | None, limit: float, strict: bool = False) -> str:
+    if value is None:
+        return "not measured"
+    ok = value < limit if strict else value <= limit
+    return f"{value:.2f}x {'ok' if ok else 'MISSED'}"
+
+
+def targets(results: Results, ops: Sequence[str]) -> str:
+    """Issue 17's targets for liger, per op, from the per-round ratios."""
+    lines = []
+    for op in ops:
+        r = results.get((op, "ratios"), {})
+        full_native = r.get(("liger fwd+bwd", "native fwd+bwd"))
+        floor_native = r.get(("floor fwd+bwd", "native fwd+bwd"))
+        parts = [
+            f"fwd+bwd / native {_verdict(full_native, NATIVE_FACTOR)} (<= {NATIVE_FACTOR})",
+            f"fwd / native {_verdict(r.get(('liger fwd', 'native fwd')), 1.0)} (<= 1)",
+        ]
+        for rival in ("liger_kernel", "compile"):
+            for kind in KINDS:
+                parts.append(f"{kind} / {rival} {_verdict(r.get((f'liger {kind}', f'{rival} {kind}')), 1.0, True)}")
+        if floor_native is not None:
+            line = f"floor fwd+bwd = {floor_native:.2f}x native"
+            if floor_native > NATIVE_FACTOR:
+                floor_ratio = r.get(("liger fwd+bwd", "floor fwd+bwd"))
+                line += f" (> {NATIVE_FACTOR}: liger fwd+bwd / floor {_verdict(floor_ratio, FLOOR_FACTOR)})"
+            parts.append(line)
+        lines.append(f"- {op}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Profile
+
+
+def profile(
+    op: str, path: str, mode: str, iters: int, tools: Sequence[str], device: str, dtype: str, top: int = 30
+) -> str:
+    """Top entries of cProfile (by own time and by cumulative time) and of
+    torch.profiler (by self CPU time) over ``iters`` calls of one step."""
+    import torch
+
+    built = build_path(op, path, device, dtype)
+    step = {"forward": built.forward, "full": built.full, "backward": built.backward_timer()}[mode]
+    per_call = time_us(step, device, max(20, iters // 10))  # also the warm-up
+    per_call = time_us(step, device, iters)
+    out = [f"{op} {path} {mode}: {per_call:.1f} us per call unprofiled ({iters} calls)"]
+    if device.startswith("cuda"):
+        # The autograd engine runs a CUDA backward on its device thread, not the caller's.
+        seen = "every thread" if sys.version_info >= (3, 12) else "the calling thread only"
+        out.append(
+            f"(the backward runs on the autograd engine's device thread; cProfile on Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} sees {seen}; torch.profiler sees every thread)"
+        )
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    if "cprofile" in tools:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(iters):
+            step()
+        sync()
+        prof.disable()
+        for key in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)
+            out.append(f"\n== cProfile, sorted by {key} (seconds over {iters} calls)\n" + buf.getvalue())
+    if "torch" in tools:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.startswith("cuda"):
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as tprof:
+            for _ in range(iters):
+                step()
+            sync()
+        table_text = tprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+        out.append(f"\n== torch.profiler, sorted by self CPU time ({iters} calls)\n" + table_text)
+    return "\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
-    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--iters", type=int, default=300, help="calls per step per round")
     p.add_argument("--repeats", type=int, default=15, help="rounds")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    p.add_argument("--dtype", default=None, help="input dtype (default bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--ops", default="poly_norm,rope,group_norm")
+    p.add_argument("--paths", default=",".join(PATHS), help="comma list of " + ", ".join(PATHS))
+    p.add_argument("--profile", default=None, metavar="OP", help="profile one op instead of the table")
+    p.add_argument("--profile-path", default="liger", choices=PATHS)
+    p.add_argument("--profile-mode", default="backward", choices=("forward", "backward", "full"))
+    p.add_argument("--profile-iters", type=int, default=500)
+    p.add_argument("--profiler", default="cprofile,torch", help="comma list of cprofile, torch")
+    p.add_argument("--top", type=int, default=30, help="entries per profile listing")
     args = p.parse_args(argv)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     ops = [o for o in args.ops.split(",") if o]
-    print(f"host overhead of one forward+backward on tiny inputs, device {device}, torch {torch.__version__}")
-    print(f"{args.iters} iterations x {args.repeats} interleaved rounds, median; shapes: {TINY}")
+    paths = [q for q in args.paths.split(",") if q]
+    for name in [*ops, *([args.profile] if args.profile else [])]:
+        if name not in TINY:
+            p.error(f"unknown op {name!r}; choose from {', '.join(TINY)}")
+    for path in paths:
+        if path not in PATHS:
+            p.error(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    print(f"host cost on tiny inputs, device {device}, torch {torch.__version__}, dtype {dtype}")
     if device == "cpu":
         print("(CPU: includes the compute, and the Triton interpreter for liger; meaningful on CUDA only)")
-    print(table(measure(device, args.iters, args.repeats, ops), ops))
+    if args.profile:
+        tools = [t for t in args.profiler.split(",") if t]
+        print(
+            profile(
+                args.profile, args.profile_path, args.profile_mode, args.profile_iters, tools, device, dtype, args.top
+            )
+        )
+        return 0
+    shown = {op: TINY[op] for op in ops}
+    print(f"{args.iters} calls x {args.repeats} interleaved rounds, median; shapes: {shown}")
+    results = measure(device, args.iters, args.repeats, ops, paths, dtype)
+    print(table(results, ops, paths))
+    print("\nliger against issue 17's targets (medians of per-round ratios):")
+    print(targets(results, ops))
     return 0
 
 

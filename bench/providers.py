@@ -182,9 +182,12 @@ def rope_inputs(shape: dict[str, Any], device: str):
 
 
 def group_norm_inputs(shape: dict[str, Any], device: str):
+    """x (M, C, H), or (M, C, h, w) where the shape has ``spatial`` = [h, w]
+    (H = h*w then; the diffusion set), weight and bias (C,), requiring grad."""
     dt, g = _dtype(shape), _generator(device)
     c = shape["C"]
-    x = torch.randn(shape["M"], c, shape["H"], device=device, generator=g).to(dt)
+    spatial = tuple(shape["spatial"]) if "spatial" in shape else (shape["H"],)
+    x = torch.randn(shape["M"], c, *spatial, device=device, generator=g).to(dt)
     weight = (1.0 + 0.1 * torch.randn(c, device=device, generator=g)).to(dt)
     bias = (0.1 * torch.randn(c, device=device, generator=g)).to(dt)
     for t in (x, weight, bias):
@@ -233,10 +236,10 @@ def retained_backward_context(provider: str) -> Any:
     reads the config at every backward.  The harness builds a second
     compile-provider instance under this for the backward mode; forward and
     full keep the default (donating) compile."""
+    if provider != "compile":
+        return contextlib.nullcontext()
     cfg = torch._functorch.config
-    if provider == "compile" and hasattr(cfg, "donated_buffer"):
-        return cfg.patch(donated_buffer=False)
-    return contextlib.nullcontext()
+    return cfg.patch(donated_buffer=False) if hasattr(cfg, "donated_buffer") else contextlib.nullcontext()
 
 
 def _build_poly_norm(provider: str, shape: dict[str, Any], device: str) -> Built:

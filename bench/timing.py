@@ -10,10 +10,15 @@ Timers (``--timer``):
   warm-up on, so a backward-only timing, whose forward ran before capture,
   records its autograd graph on that stream too: the autograd engine runs a
   node's backward on the stream of its forward.
-* ``events``: do_bench around the eager call.  Whenever the host takes
+* ``eager``: do_bench around the plain eager call, as a user makes it: the
+  wall-clock time of the call in a steady loop.  Whenever the host takes
   longer to issue the call than the GPU takes to run it (small shapes, and
-  any backward through the autograd engine), this measures host time.
+  any backward through the autograd engine), this is host time.
+  ``events``, the name this timer had before, is accepted for it.
 
+Both go through ``triton.testing.do_bench``, which zeroes a 256 MB buffer
+(``driver.clear_cache``) before every timed call, so no call finds its
+inputs in L2; ``check_l2_flush`` proves that of the triton in use.
 On CPU (Triton interpreter) both are perf_counter medians of the eager call.
 """
 
@@ -25,7 +30,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-TIMERS = ("graph", "events")
+TIMERS = ("graph", "eager")
+# Earlier name of the eager timer (records with it, or with no timer, are eager).
+ALIASES = {"events": "eager"}
 # Eager calls on the capture stream before capture: compiles, autotuning,
 # lazy allocations and the autograd engine's device threads happen here.
 CAPTURE_WARMUP_CALLS = 2
@@ -54,11 +61,64 @@ def _cpu_ms(fn: Callable[[], Any], rep_ms: float) -> tuple[float, float, float]:
     return quantile(times, 0.5), quantile(times, 0.2), quantile(times, 0.8)
 
 
+def canonical_timer(name: str) -> str:
+    """The timer's current name ("events" -> "eager"); ValueError for an unknown one."""
+    name = ALIASES.get(name, name)
+    if name not in TIMERS:
+        raise ValueError(f"unknown timer {name!r}; choose from {', '.join(TIMERS)}")
+    return name
+
+
 def _do_bench(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> tuple[float, float, float]:
     from triton.testing import do_bench
 
     q50, q20, q80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
     return float(q50), float(q20), float(q80)
+
+
+class _FlushSpy:
+    """The active Triton driver, with clear_cache (the L2 flush) logged."""
+
+    def __init__(self, driver: Any, log: list[str]) -> None:
+        self._driver, self._log = driver, log
+
+    def clear_cache(self, cache: Any) -> None:
+        self._log.append("flush")
+        self._driver.clear_cache(cache)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._driver, name)
+
+
+def check_l2_flush(fn: Callable[[], Any] | None = None) -> int:
+    """Run do_bench once on a trivial call with the driver's L2 flush logged
+    and check that a flush precedes every timed call: do_bench's timed loop
+    is the run of flush-call pairs after its last warm-up call (two calls in
+    a row).  Returns the number of timed calls; RuntimeError if any went
+    unflushed (a triton whose do_bench does not flush L2)."""
+    from triton.runtime import driver
+
+    log: list[str] = []
+
+    def call() -> Any:
+        log.append("call")
+        return fn() if fn is not None else None
+
+    active = driver.active
+    driver.set_active(_FlushSpy(active, log))
+    try:
+        _do_bench(call, 0.1, 0.5)
+    finally:
+        driver.set_active(active)
+    last_pair = max((i for i in range(1, len(log)) if log[i - 1] == log[i] == "call"), default=0)
+    timed = log[last_pair + 1 :]
+    paired = timed == ["flush", "call"] * (len(timed) // 2)
+    if not timed or not paired or log.count("flush") < 6:
+        raise RuntimeError(
+            "triton.testing.do_bench does not flush L2 before every timed call on this triton; "
+            f"sequence tail: {' '.join(log[-8:])}"
+        )
+    return len(timed) // 2
 
 
 # device index -> the memory pool every capture on that device shares.  With a
@@ -122,7 +182,7 @@ def _graph_ms(make: Callable[[], Callable[[], Any]], warmup_ms: float, rep_ms: f
                 out = fn()
         except Exception as e:
             _abandon_pool(dev)
-            raise CaptureFailed(f"CUDA graph capture failed ({type(e).__name__}: {e}); try --timer events") from e
+            raise CaptureFailed(f"CUDA graph capture failed ({type(e).__name__}: {e}); try --timer eager") from e
         torch.cuda.current_stream().wait_stream(stream)
         return _do_bench(graph.replay, warmup_ms, rep_ms)
     finally:
@@ -138,8 +198,7 @@ def time_ms(
 
     ``make`` is called once, on the stream the timing uses, and returns the
     callable to time (a backward-only timer runs its forward there)."""
-    if timer not in TIMERS:
-        raise ValueError(f"unknown timer {timer!r}; choose from {', '.join(TIMERS)}")
+    timer = canonical_timer(timer)
     if not device.startswith("cuda"):
         return _cpu_ms(make(), rep_ms)
     if timer == "graph":

@@ -51,20 +51,3 @@ def check_grad(op: str, name: str, grad: torch.Tensor, ref_name: str, ref: torch
 def check_eps(op: str, eps: float) -> None:
     if not eps >= 0.0 or eps == float("inf"):
         raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps}")
-
-
-# Until rope and group_norm take the dtype policy above (their kernels compute in float32 only).
-_LEGACY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def check_float_dtype(op: str, name: str, t: torch.Tensor) -> None:
-    if t.dtype not in _LEGACY_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, bfloat16 or float16, got {t.dtype}")
-
-
-def check_all_like(op: str, ref_name: str, ref: torch.Tensor, named: tuple[tuple[str, torch.Tensor], ...]) -> None:
-    """Each (name, tensor) of ``named`` has ref's dtype and device."""
-    for name, t in named:
-        if t.dtype != ref.dtype:
-            raise TypeError(f"{op}: {name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
-    check_same_device(op, ref_name, ref, named)

@@ -19,11 +19,14 @@ the same check, so bad input fails alike eagerly and under torch.compile.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from torch._functorch.utils import enable_single_level_autograd_function
+from torch.autograd import forward_ad
 
 LIB = torch.library.Library("liger", "DEF")
 
@@ -60,14 +63,23 @@ class _Signature:
     def complete(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
         if len(args) == self.n_args:
             return args
-        rest = [kwargs[n] if n in kwargs else self.defaults[n] for n in self.names[len(args) :]]
-        return (*args, *rest)
+        return (*args, *(kwargs[n] if n in kwargs else self.defaults[n] for n in self.names[len(args) :]))
 
     def call(self, op: Callable, args: tuple):
         """op(*args) for every schema argument in order, the keyword-only ones passed by name."""
         if self.n_positional == self.n_args:
             return op(*args)
         return op(*args[: self.n_positional], **dict(zip(self.keyword_names, args[self.n_positional :], strict=True)))
+
+
+_SIGNATURES: dict[Any, _Signature] = {}
+
+
+def _signature(op: torch._ops.OpOverload) -> _Signature:
+    sig = _SIGNATURES.get(op)
+    if sig is None:
+        sig = _SIGNATURES[op] = _Signature(op)
+    return sig
 
 
 def _with_defaults(fn: Callable, sig: _Signature) -> Callable:
@@ -92,6 +104,20 @@ def _checked(check: Callable, entry: Callable) -> Callable:
 _NOTICE_GIVEN = False
 
 
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (torch,) + tuple(sys.modules[n] for n in ("registrations",))
+)
+
+
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel of the first frame outside this package and
+    torch (the dispatcher and autograd sit between the user's call and here)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _reference_on_cpu(reference: Callable, name: str) -> Callable:
     """The CPU binding without the interpreter: the reference, after making
     sure the interpreter was not asked for too late, and a one-time notice
@@ -102,20 +128,32 @@ def _reference_on_cpu(reference: Callable, name: str) -> Callable:
         if os.environ.get("TRITON_INTERPRET") == "1":
             raise RuntimeError(
                 f"liger.{name}: TRITON_INTERPRET=1 was set after csrc_free_ops was imported. Triton reads it when "
-                "the kernels are defined, so set it before the first import of csrc_free_ops / registrations / "
-                "liger_nn (e.g. `TRITON_INTERPRET=1 python ...`) to run the Triton kernels on CPU tensors; unset "
-                "it to keep running the pure-PyTorch reference."
+                "the kernels are defined, so set it before triton is first imported (before csrc_free_ops, "
+                "liger_nn or anything else that imports triton, e.g. `TRITON_INTERPRET=1 python ...`) to run the "
+                "Triton kernels on CPU tensors; unset it to keep running the pure-PyTorch reference."
             )
         if not _NOTICE_GIVEN:
             _NOTICE_GIVEN = True
             warnings.warn(
-                f"liger.{name}: CPU tensors run the pure-PyTorch reference (set TRITON_INTERPRET=1 before importing "
-                "csrc_free_ops to run the Triton kernels under the interpreter); shown once per process.",
-                stacklevel=3,
+                f"liger.{name}: CPU tensors run the pure-PyTorch reference (set TRITON_INTERPRET=1 before triton "
+                "is first imported to run the Triton kernels under the interpreter); shown once per process.",
+                stacklevel=_caller_stacklevel(),
             )
         return reference(*args)
 
     return run
+
+
+class _Bound(NamedTuple):
+    """What ``define_op`` bound for one op: its check and the entry of each
+    device type (``cpu`` as chosen at import), for calls that skip the
+    dispatcher (``_direct_entry``)."""
+
+    check: Callable
+    by_device: dict[str, Callable]
+
+
+_BOUND: dict[torch._ops.OpOverload, _Bound] = {}
 
 
 def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries) -> torch._ops.OpOverload:
@@ -125,25 +163,107 @@ def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries)
     LIB.define(schema)
     name = schema.split("(", 1)[0]
     op = getattr(torch.ops.liger, name).default
-    sig = _Signature(op)
+    sig = _signature(op)
     cpu = entries.interpreted if INTERPRETER else _reference_on_cpu(entries.reference, name)
     for key, entry in (("CUDA", entries.cuda), ("PrivateUse1", entries.npu), ("CPU", cpu)):
         LIB.impl(name, _with_defaults(_checked(check, entry), sig), key)
     torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), sig), lib=LIB)
+    privateuse1 = torch._C._get_privateuse1_backend_name()
+    _BOUND[op] = _Bound(check, {"cuda": entries.cuda, "cpu": cpu, privateuse1: entries.npu})
     return op
 
 
-def _below_autograd(op: Callable, args: tuple, kwargs: dict[str, Any] | None = None):
-    """Call ``op`` with dispatch starting below the Autograd key."""
+# The dispatch keys (raw_repr) of a plain dense tensor, per device type found
+# so far, mapped to that device type.
+_PLAIN_KEYS: dict[int, str] = {}
+# The keys a thread includes in every dispatch when no transform (torch.func's
+# dynamic layers, the Python dispatcher) has added its own.
+_DEFAULT_INCLUDE = torch._C._dispatch_tls_local_include_set()
+_dispatch_keys = torch._C._dispatch_keys
+_mode_stack_depth = torch._C._len_torch_dispatch_stack
+_local_include = torch._C._dispatch_tls_local_include_set
+
+
+def _plain_device_type(t: torch.Tensor, keys: Any) -> str | None:
+    """t's device type if ``keys`` (t's dispatch keys) are those of a plain
+    dense tensor on that device, else None."""
+    raw = keys.raw_repr()
+    kind = _PLAIN_KEYS.get(raw)
+    if kind is None and keys == _dispatch_keys(torch.empty(0, device=t.device)):
+        kind = _PLAIN_KEYS[raw] = t.device.type
+    return kind
+
+
+def _direct_entry(op: torch._ops.OpOverload, args: tuple) -> Callable | None:
+    """The entry the dispatcher would reach for these arguments below
+    Autograd, when nothing else could run first: no TorchDispatchMode is
+    active (fake tensors, tracing, profilers' modes), no transform has
+    added dispatch keys to the thread (torch.func), and every tensor
+    argument carries exactly a plain dense tensor's dispatch keys, the same
+    for all (no subclass with __torch_dispatch__ (DTensor), no
+    functionalization or functorch wrapper, no negative/conjugate view, no
+    inference tensor).  None otherwise: then the call goes through the
+    dispatcher.  Skipping it saves a trip through the dispatcher and a
+    Python kernel per call, which is what decides small eager calls."""
+    bound = _BOUND.get(op)
+    if bound is None or _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE:
+        return None
+    keys = first = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if first is None:
+                first, keys = a, _dispatch_keys(a)
+            elif _dispatch_keys(a) != keys:
+                return None
+    if first is None:
+        return None
+    kind = _plain_device_type(first, keys)
+    return None if kind is None else bound.by_device.get(kind)
+
+
+def _below_autograd(op: torch._ops.OpOverload, args: tuple):
+    """Call ``op`` (every schema argument given, in order) with dispatch
+    starting below the Autograd key."""
     with torch._C._AutoDispatchBelowAutograd():
-        return op(*args, **(kwargs or {}))
+        return _signature(op).call(op, args)
 
 
-def call_from_backward(op: Callable, *args, **kwargs):
-    """Call ``op`` inside an autograd formula.  Unless the backward itself is
-    being differentiated (grad mode on), the op's Autograd kernel would only
-    redispatch, so dispatch starts below it: one Python kernel fewer."""
-    return op(*args, **kwargs) if torch.is_grad_enabled() else _below_autograd(op, args, kwargs)
+def _checked_below_autograd(op: torch._ops.OpOverload, args: tuple):
+    """``_below_autograd(op, args)``, calling the checked entry directly where
+    that is what the dispatcher would do (``_direct_entry``)."""
+    entry = _direct_entry(op, args)
+    if entry is None:
+        return _below_autograd(op, args)
+    _BOUND[op].check(*args)
+    return entry(*args)
+
+
+def call_from_backward(op: torch._ops.OpOverload, *args):
+    """Call ``op`` (a backward op, every schema argument given) inside an
+    autograd formula.  When the backward itself is being differentiated
+    (grad mode on, or forward-mode tangents flowing in, e.g. a
+    Hessian-vector product by jvp over grad) it goes through the op's
+    Autograd kernel.  Otherwise dispatch starts below it; and where the
+    dispatcher would only reach the entry (``_direct_entry``), the entry is
+    called directly and without re-validating: the forward checked these
+    tensors, and autograd hands the incoming gradient with its output's
+    shape, dtype and device."""
+    if torch.is_grad_enabled() or (forward_ad._current_level >= 0 and _any_tangent(args)):
+        return _signature(op).call(op, args)
+    entry = _direct_entry(op, args)
+    return entry(*args) if entry is not None else _below_autograd(op, args)
+
+
+def _tensor_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the schema's Tensor and Tensor? arguments."""
+    positions = []
+    for i, a in enumerate(op._schema.arguments):
+        t = a.type
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+        if isinstance(t, torch.TensorType):
+            positions.append(i)
+    return tuple(positions)
 
 
 def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
@@ -157,31 +277,107 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     backend kernels see the op as before) and calls ``setup_context`` with
     the arguments, defaults filled in; its backward is ``backward``, which
     returns one gradient (or None) per schema argument.  With
-    grad mode off or no input requiring grad it only redispatches.
+    grad mode off, no input requiring grad and no forward-AD tangent it only
+    redispatches.
+
+    Forward-mode AD and torch.func transforms: see the section below.
     """
     name = op._schema.name.split("::", 1)[1]
-    sig = _Signature(op)
+    sig = _signature(op)
 
     class Formula(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            with torch._C._AutoDispatchBelowAutograd():
-                output = sig.call(op, args)
+            output = _below_autograd_in_transforms(op, args)
             setup_context(ctx, args, output)
+            if forward_ad._current_level >= 0:  # a dual level is open: jvp may need the primals
+                ctx.jvp_primals = args
             return output
 
         @staticmethod
         def backward(ctx, *grads):
             return backward(ctx, *grads)
 
+        @staticmethod
+        def jvp(ctx, *tangents):
+            return _jvp(op, ctx.jvp_primals, tangents)
+
     Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
+    apply = _apply_on_this_level(Formula)
+
+    tensor_positions = _tensor_positions(op)
 
     def autograd_kernel(*args, **kwargs):
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return Formula.apply(*sig.complete(args, kwargs))
-        return _below_autograd(op, args, kwargs)
+        args = sig.complete(args, kwargs)
+        if torch.is_grad_enabled():
+            for i in tensor_positions:
+                a = args[i]
+                if a is not None and a.requires_grad:
+                    return apply(*args)
+        if forward_ad._current_level >= 0 and _any_tangent(args):
+            return apply(*args)
+        return _checked_below_autograd(op, args)
 
     LIB.impl(name, autograd_kernel, "Autograd")
+
+
+# ---------------------------------------------------------------------------
+# Forward-mode AD and torch.func transforms (grad, vjp, jvp, jacrev, jacfwd,
+# and vmap over them).
+#
+# The Autograd kernel records the Formula node on the tensors its dispatch
+# level sees, as a built-in op's Autograd kernel does: under a torch.func
+# transform those are already unwrapped by the transform's layer, so
+# Function.apply's own detour into functorch (meant for a Function applied to
+# wrapped tensors from user code, and demanding the setup_context style) is
+# skipped.  Forward-mode tangents: dual tensors carry no requires_grad, so the
+# kernel looks for them; Formula.jvp takes them from the op's rule in
+# JVP_RULES (registered by registrations/functorch.py), and an op without a
+# rule raises, naming itself, instead of dropping the tangent.
+
+JVP_RULES: dict[torch._ops.OpOverload, Callable] = {}
+
+
+def _apply_on_this_level(formula: type) -> Callable:
+    """formula.apply, except under torch.func transforms: there Function.apply
+    would detour into functorch (meant for a Function applied to wrapped
+    tensors from user code), so the C++ apply it ends in otherwise is called,
+    allowed under a transform's layer the way torch's own functorch rules
+    apply their single-level Functions."""
+    single_level = super(torch.autograd.Function, formula).apply
+
+    def apply(*args):
+        if not torch._C._are_functorch_transforms_active():
+            return formula.apply(*args)
+        with enable_single_level_autograd_function():
+            return single_level(*args)
+
+    return apply
+
+
+def _below_autograd_in_transforms(op: Callable, args: tuple):
+    """The op below autograd, from a Formula's forward.  Under torch.func
+    transforms, a jvp level below this one (jvp over grad) computes its
+    tangents in that level's Autograd kernel; Function.apply turned forward
+    AD off for this forward, so it is turned back on for the levels below."""
+    if not torch._C._are_functorch_transforms_active():
+        return _checked_below_autograd(op, args)
+    with forward_ad._set_fwd_grad_enabled(True):
+        return _checked_below_autograd(op, args)
+
+
+def _any_tangent(args: tuple) -> bool:
+    return any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args)
+
+
+def _jvp(op: torch._ops.OpOverload, primals: tuple, tangents: tuple):
+    rule = JVP_RULES.get(op)
+    if rule is None:
+        raise NotImplementedError(
+            f"{op._schema.name.replace('::', '.')}: forward-mode AD (torch.func.jvp / jacfwd, "
+            "torch.autograd.forward_ad) has no rule for this op; use reverse mode (torch.func.vjp / jacrev)"
+        )
+    return rule(primals, tangents)
 
 
 def register_autograd_by_reference(op: torch._ops.OpOverload, reference: Callable) -> None:

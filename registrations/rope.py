@@ -1,12 +1,13 @@
 """torch.ops.liger.rope, rope_backward and rope_ (rotary position embedding).
 
-rope(q, k, cos, sin, *, position_ids=None, cu_seqlens=None, pairs="halves",
+rope(q, k, cos, sin, position_ids=None, cu_seqlens=None, *, pairs="halves",
      mrope_section=None, mrope_interleaved=False) -> (q_out, k_out)
     q: (B, Hq, S, D) and k: (B, Hkv, S, D), or packed tokens (T, Hq, D) and
     (T, Hkv, D); Hq and Hkv independent (GQA/MQA); any strides (HF's
-    transposed (B, S, H, D) views are read in place).  Either q or k may be
-    None (the single-tensor form: a KV-cache append rotates k alone); its
-    output is then None.
+    transposed (B, S, H, D) views are read in place).  k may be None: the
+    single-tensor form rotates q alone, and k alone (a KV-cache append) is
+    rope(k, None, ...); the second output is then None.  (q cannot be None:
+    DTensor's sharding propagation needs the first output to be a Tensor.)
     R = cos.shape[-1], even, 2 <= R <= D: the first R dims of each head
     rotate, dims R..D pass through (partial rotary).
     Where each row's cos/sin come from:
@@ -45,18 +46,23 @@ rope_(q, k, cos, sin, *, same options) -> ()
     version counters are bumped, a leaf that requires grad raises, a saved
     tensor it rotated makes backward raise, and otherwise gradients flow
     through the rotation (rope_backward) to the values q and k had before.
+    Forward-mode AD and gradients under torch.func transforms raise
+    NotImplementedError naming rope_ (use rope).
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
 from csrc_free_ops.rope import launch, reference
 from registrations import _checks, overlap
 from registrations._library import LIB, Entries, call_from_backward, define_op, register_autograd
 
 _OP = "liger.rope"
-OPTIONS = "*, Tensor? position_ids=None, Tensor? cu_seqlens=None, str pairs='halves', int[]? mrope_section=None, " \
+# position_ids and cu_seqlens are positional (with defaults): torch.library.register_vmap and
+# custom_op take no keyword-only tensors.  The rest are keyword-only.
+OPTIONS = "Tensor? position_ids=None, Tensor? cu_seqlens=None, *, str pairs='halves', int[]? mrope_section=None, " \
     "bool mrope_interleaved=False"  # fmt: skip
 PAIRS = tuple(launch.PAIRS)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -249,7 +255,7 @@ def _fake_(q, k, cos, sin, *options) -> None:
 
 
 ROPE = define_op(
-    f"rope(Tensor? q, Tensor? k, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor?, Tensor?)",
+    f"rope(Tensor q, Tensor? k, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor, Tensor?)",
     check=_check_rope,
     fake=_fake,
     entries=Entries(
@@ -260,7 +266,7 @@ ROPE = define_op(
     ),
 )
 ROPE_BACKWARD = define_op(
-    f"rope_backward(Tensor? dq, Tensor? dk, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor?, Tensor?)",
+    f"rope_backward(Tensor dq, Tensor? dk, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor, Tensor?)",
     check=_check_rope_backward,
     fake=_fake,
     entries=Entries(
@@ -271,7 +277,7 @@ ROPE_BACKWARD = define_op(
     ),
 )
 ROPE_ = define_op(
-    f"rope_(Tensor(a!)? q, Tensor(b!)? k, Tensor cos, Tensor sin, {OPTIONS}) -> ()",
+    f"rope_(Tensor(a!) q, Tensor(b!)? k, Tensor cos, Tensor sin, {OPTIONS}) -> ()",
     check=_check_rope_,
     fake=_fake_,
     entries=Entries(
@@ -316,7 +322,9 @@ def _transpose_with(op, ctx, dq, dk):
     dq, dk = (dq if need_q else None), (dk if need_k else None)
     if dq is None and dk is None:
         return (None,) * 9
-    gq, gk = call_from_backward(op, dq, dk, cos, sin, position_ids=position_ids, cu_seqlens=cu_seqlens, **ctx.options)
+    options = ctx.options
+    gq, gk = call_from_backward(op, dq, dk, cos, sin, position_ids, cu_seqlens, options["pairs"],
+                                options["mrope_section"], options["mrope_interleaved"])  # fmt: skip
     return (gq, gk) + (None,) * 7
 
 
@@ -352,8 +360,8 @@ class _RopeInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
         with torch._C._AutoDispatchBelowAutograd():
-            ROPE_(q, k, cos, sin, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-                  mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+            ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
+                  mrope_interleaved=mrope_interleaved)  # fmt: skip
         ctx.mark_dirty(*(t for t in (q, k) if t is not None))
         _save(ctx, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
         return q, k
@@ -363,15 +371,30 @@ class _RopeInPlace(torch.autograd.Function):
         return _rope_grad(ctx, dq, dk)
 
 
-def _rope_inplace_autograd(q, k, cos, sin, **options) -> None:
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, cos, sin)):
+def _rope_inplace_autograd(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, *, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> None:
+    args = (q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    tensors = (q, k, cos, sin)
+    if forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
+    ):
+        raise NotImplementedError(
+            f"{_OP}_: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) does not go through the "
+            "in-place rotation (its tangent would be left unrotated); use liger.rope (out of place)"
+        )
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        if torch._C._are_functorch_transforms_active():
+            raise NotImplementedError(
+                f"{_OP}_: gradients through the in-place rotation under torch.func transforms are not supported; "
+                "use liger.rope (out of place)"
+            )
         _refuse_table_grad(_OP + "_", cos, sin)
-        full = {"position_ids": None, "cu_seqlens": None, "pairs": "halves", "mrope_section": None,
-                "mrope_interleaved": False, **options}  # fmt: skip
-        _RopeInPlace.apply(q, k, cos, sin, *full.values())
+        _RopeInPlace.apply(*args)
         return None
     with torch._C._AutoDispatchBelowAutograd():
-        return ROPE_(q, k, cos, sin, **options)
+        return ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
+                     mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
 LIB.impl("rope_", _bump_versions, "ADInplaceOrView", with_keyset=True)

@@ -19,7 +19,10 @@ kernels jitted for the interpreter cannot be compiled.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import traceback
 from typing import Any
 
@@ -31,7 +34,9 @@ from triton.compiler import ASTSource
 TARGET = GPUTarget("cuda", 90, 32)
 _POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64",
             torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_cooperative_grid")
+CUDA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+CUOBJDUMP = os.path.join(CUDA_BIN, "cuobjdump")
 
 
 def _arg_type(a: Any) -> str:
@@ -78,17 +83,33 @@ def compile_all(seen: dict[tuple, tuple]) -> list[str]:
         names = kernel.arg_names
         src = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constexprs.items()})
         try:
-            triton.compile(src, target=TARGET, options=options)
+            compiled = triton.compile(src, target=TARGET, options=options)
         except Exception:
             failures.append(f"{key}\n{traceback.format_exc(limit=1)}")
+            continue
+        failures.extend(_group_norm_one_pass_spills(key, compiled))
     return failures
+
+
+def _group_norm_one_pass_spills(key: tuple, compiled: Any) -> list[str]:
+    """group_norm's one-pass kernels hold their tiles in registers across a
+    barrier: one that spills to local memory (cuobjdump's STACK) loses the
+    point, so a plan that makes one is a failure to retune (plan.py)."""
+    if not key[0].endswith("one_pass_kernel") or not os.path.exists(CUOBJDUMP):
+        return []
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+    stack = re.search(r"STACK:(\d+)", usage)
+    if stack is None or int(stack.group(1)) == 0:
+        return []
+    return [f"{key}: spills ({usage.strip().splitlines()[-1].strip()})"]
 
 
 def _launch_every_path() -> None:
     """Each op's CUDA and NPU launchers over the shapes and options that select
     each of their kernels and constexpr branches, in every dtype they take."""
-    from csrc_free_ops.group_norm import cuda as gn_cuda
-    from csrc_free_ops.group_norm import npu as gn_npu
     from csrc_free_ops.poly_norm import launch as pn_launch
     from csrc_free_ops.poly_norm import plan as pn_plan
 
@@ -108,17 +129,72 @@ def _launch_every_path() -> None:
 
     _launch_rope_paths()
 
+    _launch_group_norm_paths()
+
+
+def _launch_group_norm_paths() -> None:
+    """group_norm: the CUDA and NPU entries, the plan of each path built for a
+    small x (both split merges, looped, one-pass teams with and without
+    prefetch), with and without parameters, in the data dtypes with float32
+    and own-dtype parameters; and the plans an H200 gets at the diffusion and
+    large shapes (one-pass teams with their warps and cooperative launch),
+    which compile_all checks for register spills."""
+    from csrc_free_ops.group_norm import launch as gn_launch
+    from csrc_free_ops.group_norm import plan as gn_plan
+    from csrc_free_ops.group_norm.plan import CudaDevice, Problem
+
+    reduce = (2, 4, 2, ())
+
+    def plans(pb: Problem) -> list:
+        block_c, block_hw, chunk = gn_plan.split_geometry(pb, 16, 16, 64)
+        return [
+            gn_plan.whole(pb, 3, (), reduce),
+            gn_plan.looped(pb, 64, 3, None, None, ("evict_last", "evict_first"), reduce),
+            gn_plan.split(pb, block_c, block_hw, chunk, 5, 4, True, reduce),  # finalize
+            gn_plan.split(pb, block_c, 64, 64, 5, 64, True, reduce),  # fused
+            gn_plan.one_pass(pb, 4, 64, 1, 4, True, 16, reduce=reduce),  # masked tiles (cpg 4, hw 40)
+            gn_plan.one_pass(pb, 4, 8, 1, 4, False, 16, reduce=reduce),
+        ]
+
+    # Each parameter branch (both, none, weight only, bias only) once, across the data dtypes;
+    # one-pass kernels (float32 math only) in the first two, which take both sides of each branch.
+    cases = [(torch.bfloat16, torch.float32, "both"), (torch.float32, torch.float32, "none"),
+             (torch.bfloat16, torch.bfloat16, "weight"), (torch.float64, torch.bfloat16, "both"),
+             (torch.float16, torch.float16, "bias")]  # fmt: skip
+    for i, (dt, pdt, affine) in enumerate(cases):
+        x = torch.zeros(2, 16, 40, dtype=dt)
+        w = torch.ones(16, dtype=pdt) if affine in ("both", "weight") else None
+        b = torch.ones(16, dtype=pdt) if affine in ("both", "bias") else None
+        for backward in (False, True):
+            pb = Problem(2, 16, 40, 4, x.element_size(), w is not None, b is not None, backward)
+            for p in plans(pb) if i < 2 else plans(pb)[:4]:
+                if backward:
+                    gn_launch.backward(x, x, 4, w, b, 1e-5, p)
+                else:
+                    gn_launch.forward(x, 4, w, b, 1e-5, p)
+        gn_launch.cuda_forward(x, 4, w, b, 1e-5)
+        gn_launch.cuda_backward(x, x, 4, w, b, 1e-5)
+        gn_launch.npu_forward(x, 4, w, b, 1e-5)
+        gn_launch.npu_backward(x, x, 4, w, b, 1e-5)
+
+    h200 = CudaDevice(sms=132, cooperative=True)
+    shapes = [(2, 320, 4096), (8, 640, 1024), (16, 1280, 256), (4, 512, 16384), (1, 128, 262144), (8, 512, 4096)]
+    w = torch.ones(16, dtype=torch.float32)
+    tiles = set()  # one compile per one-pass tile (plans differing only in BLOCK_P compile alike)
     for dt in (torch.bfloat16, torch.float32):
-        w = torch.ones(16, dtype=torch.float32)
-        gn_x = torch.zeros(2, 16, 40, dtype=dt)
-        for opts in ({}, {"whole_group_tile": 0, "looped_groups": True},
-                     {"whole_group_tile": 0, "looped_groups": False, "target_items": 1},
-                     {"tile": 16, "target_items": 64, "looped_groups": False}):  # fmt: skip
-            for weight, bias in ((w, w), (None, None), (w, None)):
-                gn_cuda.forward(gn_x, 4, weight, bias, 1e-5, **opts)
-                gn_cuda.backward(gn_x, gn_x, 4, weight, bias, 1e-5, **opts)
-        gn_npu.forward(gn_x, 4, w, w, 1e-5)
-        gn_npu.backward(gn_x, gn_x, 4, w, w, 1e-5)
+        x = torch.zeros(2, 16, 40, dtype=dt)
+        for n, c, hw in shapes:
+            for backward in (False, True):
+                p = gn_plan.cuda(Problem(n, c, hw, 32, x.element_size(), True, True, backward), h200)
+                ce = dict(p.steps[0].constexprs)
+                tile = (dt, backward, ce.get("BLOCK_C"), ce.get("BLOCK_HW"), ce.get("PREFETCH"), ce.get("EVEN"))
+                if p.path == "one_pass" and tile in tiles:
+                    continue
+                tiles.add(tile)
+                if backward:
+                    gn_launch.backward(x, x, 4, w, w, 1e-5, p)
+                else:
+                    gn_launch.forward(x, 4, w, w, 1e-5, p)
 
 
 def _launch_rope_paths() -> None:
@@ -144,7 +220,7 @@ def _launch_rope_paths() -> None:
         ids, mrope_ids = torch.zeros(2, 6, dtype=torch.int64), torch.zeros(3, 6, dtype=torch.int32)
         packed = torch.zeros(6, 2, 64, dtype=dt)
         calls = [
-            ((None, packed), {"cu_seqlens": torch.tensor([0, 2, 6], dtype=torch.int32), "pairs": "interleaved"}),
+            ((packed, None), {"cu_seqlens": torch.tensor([0, 2, 6], dtype=torch.int32), "pairs": "interleaved"}),
             ((q, None), {"position_ids": ids, "pairs": "interleaved_to_halves"}),
             ((q, k), {"position_ids": mrope_ids, "mrope_section": [8, 4, 4], "mrope_interleaved": True}),
             ((q[:1], k[:1]), {"position_ids": mrope_ids, "mrope_section": [8, 4, 4], "pairs": "interleaved"}),

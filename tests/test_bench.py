@@ -1,16 +1,22 @@
-"""The benchmark harness and the demo, smoke-run on CPU (Triton interpreter)."""
+"""The benchmark harness, its drivers and the demo, on CPU (Triton interpreter)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from bench import bytes as nbytes
-from bench import demo, run, shapes
+from bench import compare_trees, demo, run, shapes, summary, timing
+from bench import records as rec
 
-RECORD_KEYS = set(run.RECORD_FIELDS)
+RECORD_KEYS = set(rec.RECORD_FIELDS)
+ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU run; the GPU run is python -m bench.run")
 
 
 def test_min_bytes_formulas():
@@ -22,108 +28,216 @@ def test_min_bytes_formulas():
     assert nbytes.min_bytes("group_norm", gn, "full") == 5 * 64 * 4 + 5 * 8 * 4
 
 
+def test_diffusion_set_is_the_issue_list_and_counts_its_bytes_from_the_image():
+    """GroupNorm(32) at the five UNet / VAE shapes, bf16 and fp32; each x is
+    C and the point gives N and the image, whose pixels the bytes count."""
+    sweeps = shapes.sweeps("group_norm", "diffusion")
+    assert [s.config["dtype"] for s in sweeps] == ["bfloat16", "float32"]
+    assert shapes.sweeps("poly_norm", "diffusion") == shapes.sweeps("rope", "diffusion") == []
+    seen = set()
+    for sweep in sweeps:
+        for c in sweep.x_values:
+            shape = sweep.shape(c)
+            assert shape["num_groups"] == 32 and "points" not in shape
+            n, (h, w) = shape["M"], shape["spatial"]
+            seen.add((n, c, h, w))
+            e = nbytes.ELEM_SIZE[shape["dtype"]]
+            act = n * c * h * w * e
+            assert nbytes.min_bytes("group_norm", shape, "forward") == 2 * act + 2 * c * e
+            assert nbytes.min_bytes("group_norm", shape, "backward") == 3 * act + 3 * c * e
+            assert nbytes.min_bytes("group_norm", shape, "full") == 5 * act + 5 * c * e
+    assert seen == {(2, 320, 64, 64), (8, 640, 32, 32), (16, 1280, 16, 16), (4, 512, 128, 128), (1, 128, 512, 512)}
+    # (2, 320, 64x64) bf16 forward by hand: read x and write y (2 x 5,242,880 bytes), read weight and bias.
+    bf16 = sweeps[0].shape(320)
+    assert nbytes.min_bytes("group_norm", bf16, "forward") == 10_485_760 + 1_280
+    assert shapes.describe(bf16, "C") == "(2, 320, 64x64)"
+    assert [s.x_values for s in shapes.sweeps("group_norm", "diffusion", quick=True)] == [(128, 512, 1280)] * 2
+
+
+def test_diffusion_inputs_are_four_dimensional_and_match_the_byte_count():
+    from bench import providers
+
+    sweep = shapes.sweeps("group_norm", "tiny_diffusion")[0]
+    for c in sweep.x_values:
+        shape = sweep.shape(c)
+        x, w, b = providers.group_norm_inputs(shape, "cpu")
+        assert x.shape == (shape["M"], c, *shape["spatial"]) and w.shape == b.shape == (c,)
+        moved = 2 * x.numel() * x.element_size() + (w.numel() + b.numel()) * w.element_size()
+        assert nbytes.min_bytes("group_norm", shape, "forward") == moved
+
+
 def test_shape_sets():
     for op in shapes.OPS:
-        for set_name in ("seeds", "large"):
+        for set_name in shapes.DEFAULT_SETS:
             for sweep in shapes.sweeps(op, set_name):
                 assert sweep.x_values and sweep.x_name and sweep.x_label
-                quick = shapes.sweeps(op, set_name, quick=True)
-                assert all(len(s.x_values) <= 3 for s in quick)
+            quick = shapes.sweeps(op, set_name, quick=True)
+            assert all(len(s.x_values) <= 3 for s in quick)
+    with pytest.raises(ValueError, match="unknown set 'huge'"):
+        shapes.sweeps("rope", "huge")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU smoke run; the GPU run is python -m bench.run")
-def test_harness_cpu_smoke(tmp_path, capsys):
+def _check_records(records, op, providers, timers, set_name):
+    for r in records:
+        assert set(r) == RECORD_KEYS
+        assert r["kernel_name"] == op and r["kernel_provider"] in providers
+        assert r["metric_name"] in ("speed", "bandwidth")  # no memory records off CUDA
+        assert r["metric_unit"] == rec.METRIC_UNITS[r["metric_name"]]
+        assert r["kernel_operation_mode"] in nbytes.MODES
+        assert len(r["x_values"]) == len(r["y_values_50"]) == len(r["y_values_20"]) == len(r["y_values_80"])
+        cfg = json.loads(r["extra_benchmark_config_str"])
+        assert cfg["set"] == set_name and cfg["timer"] in timers
+
+
+@ON_CPU
+def test_harness_cpu_smoke_runs_both_timers(tmp_path, capsys):
     rc = run.main(
         ["--device", "cpu", "--sets", "tiny", "--providers", "liger,torch", "--rep", "1", "--out", str(tmp_path)]
     )
     assert rc == 0
     for op in shapes.OPS:
         records = json.loads((tmp_path / f"{op}.json").read_text())
-        assert records, op
-        for r in records:
-            assert set(r) == RECORD_KEYS
-            assert r["kernel_name"] == op
-            assert r["kernel_provider"] in ("liger", "torch")
-            assert r["metric_name"] in ("speed", "bandwidth")  # no memory records off CUDA
-            assert r["metric_unit"] == run.METRIC_UNITS[r["metric_name"]]
-            assert r["kernel_operation_mode"] in nbytes.MODES
-            assert len(r["x_values"]) == len(r["y_values_50"]) == len(r["y_values_20"]) == len(r["y_values_80"])
-            assert json.loads(r["extra_benchmark_config_str"])["set"] == "tiny"
-        got = {(r["kernel_provider"], r["kernel_operation_mode"], r["metric_name"]) for r in records}
-        assert len(got) == 2 * 3 * 2, got  # every provider, mode and metric measured
+        _check_records(records, op, ("liger", "torch"), ("graph", "eager"), "tiny")
+        got = {
+            (r["kernel_provider"], r["kernel_operation_mode"], r["metric_name"], r["extra_benchmark_config_str"])
+            for r in records
+        }
+        assert len(got) == 2 * 3 * 2 * 2, got  # every provider, mode, metric and timer measured
         assert json.loads((tmp_path / f"{op}_skips.json").read_text()) == []
         assert (tmp_path / f"{op}_tiny.png").stat().st_size > 0
-    summary = (tmp_path / "summary.md").read_text()
-    assert "| poly_norm | tiny |" in summary and "| group_norm | tiny |" in summary
-    assert "WARNING" not in capsys.readouterr().out
+    text = (tmp_path / "summary.md").read_text()
+    assert "liger ms (graph / eager)" in text
+    assert "| poly_norm | tiny | H=64 float32 | forward |" in text and "| group_norm | tiny |" in text
+    out = capsys.readouterr().out
+    assert "WARNING" not in out and "L2 flush checked" not in out  # the flush check is a CUDA step
 
 
-def test_summary_only_rebuilds(tmp_path):
-    record = {
-        "kernel_name": "poly_norm",
-        "kernel_provider": "liger",
-        "metric_name": "speed",
-        "metric_unit": "ms",
-        "gpu_name": "x",
+@ON_CPU
+def test_harness_runs_the_image_shaped_set(tmp_path):
+    argv = ["--device", "cpu", "--ops", "group_norm", "--sets", "tiny_diffusion", "--modes", "forward"]
+    argv += ["--timer", "events", "--providers", "liger,torch", "--rep", "1", "--no-plots", "--out", str(tmp_path)]
+    assert run.main(argv) == 0
+    records = json.loads((tmp_path / "group_norm.json").read_text())
+    _check_records(records, "group_norm", ("liger", "torch"), ("eager",), "tiny_diffusion")
+    assert {tuple(r["x_values"]) for r in records} == {(8, 16)}
+    text = (tmp_path / "summary.md").read_text()
+    assert "| group_norm | tiny_diffusion | (2, 8, 4x4) float32 | forward |" in text
+    assert "| group_norm | tiny_diffusion | (1, 16, 2x3) float32 | forward |" in text
+    assert "no graph run" not in text and "graph: not run" in text  # won needs both timers
+
+
+def test_parse_args_rejects_unknown_names():
+    with pytest.raises(SystemExit):
+        run.parse_args(["--timer", "graph,wall"])
+    with pytest.raises(SystemExit):
+        run.parse_args(["--sets", "seeds,huge"])
+    assert run.parse_args(["--timer", "events,graph,eager"]).timers == ["eager", "graph"]
+    assert run.parse_args([]).timers == ["graph", "eager"]
+
+
+# --------------------------------------------------------------------------
+# Summary
+
+
+def _record(op, provider, mode, timer, ys, metric="speed", x=(256,), set_name="seeds", **cfg):
+    config = {"M": 2048, "dtype": "bfloat16", "set": set_name, **cfg}
+    if timer is not None:
+        config["timer"] = timer
+    return {
+        "kernel_name": op,
+        "kernel_provider": provider,
+        "metric_name": metric,
+        "metric_unit": rec.METRIC_UNITS[metric],
+        "gpu_name": "NVIDIA H200",
         "x_name": "H",
         "x_label": "hidden size",
-        "x_values": [256],
-        "y_values_50": [1.0],
-        "y_values_20": [0.9],
-        "y_values_80": [1.1],
+        "x_values": list(x),
+        "y_values_50": list(ys),
+        "y_values_20": list(ys),
+        "y_values_80": list(ys),
         "timestamp": "t",
-        "kernel_operation_mode": "forward",
-        "extra_benchmark_config_str": json.dumps({"M": 2048, "dtype": "bfloat16", "set": "seeds"}),
+        "kernel_operation_mode": mode,
+        "extra_benchmark_config_str": json.dumps(config, sort_keys=True),
         "liger_version": "0",
     }
-    (tmp_path / "poly_norm.json").write_text(json.dumps([record, {**record, "kernel_provider": "torch"}]))
+
+
+def _row(text, mode):
+    start = f"| poly_norm | seeds | H=256 bfloat16 | {mode} |"
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def test_summary_puts_both_timers_side_by_side_and_wins_only_when_faster_in_both():
+    ms = {  # provider -> (graph, eager) ms
+        "forward": {"liger": (1.0, 2.0), "liger_kernel": (1.5, 3.0), "compile": (1.2, 4.0), "torch": (5.0, 2.5)},
+        "backward": {"liger": (1.0, 2.0), "liger_kernel": (1.5, 3.0), "compile": (1.2, 4.0), "torch": (5.0, 1.9)},
+    }
+    records = [
+        _record("poly_norm", p, mode, timer, [v[i]])
+        for mode, by_p in ms.items()
+        for p, v in by_p.items()
+        for i, timer in enumerate(("graph", "eager"))
+    ]
+    text = summary.summarize(records)
+    assert "| liger ms (graph / eager) | liger_kernel ms (graph / eager) |" in text
+    forward = _row(text, "forward")
+    assert "| 1 / 2 | 1.5 / 3 | 1.2 / 4 | 5 / 2.5 | 1.2x / 1.25x |" in forward
+    assert forward.endswith("| yes |")
+    # torch eager's 1.9 ms beats liger's 2.0 in eager mode only: not won.
+    assert _row(text, "backward").endswith("| NO (eager: not faster than torch) |")
+    assert "| poly_norm | seeds | 2 | 1 | 2 | 1 | - |" in text  # tally: rows, won, faster in graph / eager
+    # Drop the eager records: nothing can be won, and the cell says why.
+    graph_only = summary.summarize([r for r in records if "graph" in r["extra_benchmark_config_str"]])
+    assert _row(graph_only, "forward").endswith("| NO (eager: not run) |")
+    # A tie is not a win, and a rival that was not measured is named.
+    tie = [r for r in records if r["kernel_operation_mode"] == "forward" and r["kernel_provider"] != "compile"]
+    tie = [{**r, "y_values_50": [1.0]} if r["kernel_provider"] == "liger_kernel" else r for r in tie]
+    assert _row(summary.summarize(tie), "forward").endswith(
+        "| NO (graph, eager: not faster than liger_kernel; unmeasured compile) |"
+    )
+
+
+def test_summary_judges_peak_memory_against_compile_and_explains_upstreams_lower_peak():
+    records = []
+    for timer in ("graph", "eager"):
+        for p, (t, mb) in {"liger": (1.0, 2.017), "liger_kernel": (2.0, 1.028), "compile": (3.0, 2.013)}.items():
+            records.append(_record("poly_norm", p, "full", timer, [t]))
+            records.append(_record("poly_norm", p, "full", timer, [mb], metric="memory"))
+        records.append(_record("poly_norm", "torch", "full", timer, [4.0]))
+    text = summary.summarize(records)
+    row = _row(text, "full")
+    assert "| 2.017 / 1.028* / 2.013 / - |" in row
+    assert "PEAK +0.004 MB over compile" in row
+    assert "overwriting the caller's inputs and incoming gradients" in text
+    assert "| poly_norm | seeds | 1 | 1 | 1 | 1 | 0 of 1 |" in text
+    under = [
+        {**r, "y_values_50": [2.0]} if r["metric_name"] == "memory" and r["kernel_provider"] == "liger" else r
+        for r in records
+    ]
+    assert "peak <= compile" in _row(summary.summarize(under), "full")
+
+
+def test_summary_reads_old_records_as_eager_and_large_rows_against_the_bandwidth_targets(tmp_path):
+    old = [
+        _record("poly_norm", "liger", "forward", "events", [5.0]),
+        _record("poly_norm", "torch", "forward", None, [6.0]),
+        _record("poly_norm", "liger", "forward", "graph", [2.0]),
+    ]
+    text = summary.summarize(old)
+    assert "| 2 / 5 | - / 6 |" in _row(text, "forward")
+    large = _record("poly_norm", "liger", "forward", "graph", [0.001], set_name="large")
+    large_bw = _record("poly_norm", "liger", "forward", "graph", [3000.0], metric="bandwidth", set_name="large")
+    assert "BW < 3600" in summary.summarize([large, large_bw])
+    (tmp_path / "poly_norm.json").write_text(json.dumps(old))
     assert run.main(["--summary-only", "--no-plots", "--out", str(tmp_path)]) == 0
-    assert "| poly_norm | seeds | H=256 bfloat16 | forward | 1 | 1 |" in (tmp_path / "summary.md").read_text()
+    assert "| 2 / 5 | - / 6 |" in (tmp_path / "summary.md").read_text()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA demo is the nox demo session's job")
-def test_demo_cpu():
-    assert demo.main([]) == 0
-
-
-def test_host_overhead_interleaves_paths_and_reports_per_round_ratios(monkeypatch):
-    """Every round times every path, starting one path further along each
-    time; the ratio column is the median of per-round ratios (2.0 here),
-    not the ratio of medians (4 / 3)."""
-    from bench import host_overhead, providers
-
-    order: list[str] = []
-    scripted = {"liger": iter([0.0, 4.0, 2.0, 9.0]), "liger_kernel": iter([0.0, 2.0, 8.0, 3.0])}  # warm-up first
-
-    class Fake:
-        def __init__(self, path: str):
-            self.path = path
-
-        def prepare(self) -> None:
-            pass
-
-        def full(self) -> float:
-            order.append(self.path)
-            return next(scripted[self.path])
-
-    def build(op, path, shape, device):
-        if path == "torch":
-            raise RuntimeError("not this one")
-        return Fake(path)
-
-    monkeypatch.setattr(providers, "build", build)
-    monkeypatch.setattr(host_overhead, "time_us", lambda step, device, iters: step())
-    results = host_overhead.measure("cpu", 1, 3, ["rope"])
-    assert order == ["liger", "liger_kernel", "liger", "liger_kernel", "liger_kernel", "liger", "liger", "liger_kernel"]
-    assert results[("rope", "liger")] == 4.0 and results[("rope", "liger_kernel")] == 3.0
-    assert results[("rope", "ratio")] == 2.0
-    assert results[("rope", "torch")] == "skipped (RuntimeError)"
-    assert host_overhead.table(results, ["rope"]).splitlines()[-1].endswith("| 2.00 |")
+# --------------------------------------------------------------------------
+# Timing
 
 
 def test_timing_rejects_an_unknown_timer_and_times_make_once_on_cpu():
-    from bench import timing
-
     made: list[int] = []
 
     def make():
@@ -132,16 +246,85 @@ def test_timing_rejects_an_unknown_timer_and_times_make_once_on_cpu():
 
     with pytest.raises(ValueError, match="unknown timer 'wall'"):
         timing.time_ms(make, "cuda", "wall", 1.0, 1.0)
-    t50, t20, t80 = timing.time_ms(make, "cpu", "graph", 1.0, 1.0)
+    t50, t20, t80 = timing.time_ms(make, "cpu", "eager", 1.0, 1.0)
     assert made == [1]
     assert 0.0 <= t20 <= t50 <= t80
+    assert timing.canonical_timer("events") == "eager"
+
+
+def test_eager_timer_is_do_bench_of_the_plain_call(monkeypatch):
+    calls = []
+    monkeypatch.setattr(timing, "_do_bench", lambda fn, w, r: calls.append((fn, w, r)) or (1.0, 0.9, 1.1))
+    fn = object()
+    assert timing.time_ms(lambda: fn, "cuda", "eager", 3.0, 7.0) == (1.0, 0.9, 1.1)
+    assert calls == [(fn, 3.0, 7.0)]
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing: bool = True):
+        pass
+
+    def record(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.01
+
+
+class _FakeDriver:
+    """What triton.testing.do_bench asks of the active driver."""
+
+    def __init__(self):
+        self.flushes = 0
+
+    def get_device_interface(self):
+        class Interface:
+            Event = _FakeEvent
+
+            @staticmethod
+            def synchronize():
+                pass
+
+        return Interface
+
+    def get_empty_cache_for_benchmark(self):
+        return "cache"
+
+    def clear_cache(self, cache):
+        assert cache == "cache"
+        self.flushes += 1
+
+
+def test_l2_flush_check_passes_on_triton_do_bench_and_fails_on_one_that_skips_the_flush(monkeypatch):
+    from triton.runtime import driver
+
+    fake = _FakeDriver()
+    previous = dict(vars(driver))  # without touching .active: off CUDA there is no driver to create
+    driver.set_active(fake)
+    try:
+        timed = timing.check_l2_flush()
+        assert timed >= 1 and fake.flushes >= timed + 5  # 5 in do_bench's estimate, one per timed call
+        assert driver.active is fake  # restored after the check
+
+        def no_flush(fn, warmup, rep):  # a do_bench that flushes while estimating only
+            for _ in range(5):
+                driver.active.clear_cache("cache")
+                fn()
+            for _ in range(10):
+                fn()
+            return 1.0, 1.0, 1.0
+
+        monkeypatch.setattr(timing, "_do_bench", no_flush)
+        with pytest.raises(RuntimeError, match="does not flush L2"):
+            timing.check_l2_flush()
+    finally:
+        vars(driver).clear()
+        vars(driver).update(previous)
 
 
 def test_a_failed_capture_ends_and_drops_the_shared_pool(monkeypatch):
     """After a failed capture the shared pool is left recording by torch; the
     harness ends and releases it and hands the next capture a new pool."""
-    from bench import timing
-
     handles = iter([(0, 1), (0, 2)])
     calls: list[tuple[str, int, tuple[int, int]]] = []
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
@@ -159,30 +342,153 @@ def test_a_failed_capture_ends_and_drops_the_shared_pool(monkeypatch):
     assert len(calls) == 2
 
 
-def test_summary_names_the_timer_and_separates_timers(tmp_path):
-    base = {
-        "kernel_name": "rope",
-        "metric_name": "speed",
-        "metric_unit": "ms",
-        "gpu_name": "x",
-        "x_name": "T",
-        "x_label": "sequence length",
-        "x_values": [1024],
-        "y_values_50": [2.0],
-        "y_values_20": [1.9],
-        "y_values_80": [2.1],
-        "timestamp": "t",
-        "kernel_operation_mode": "forward",
-        "liger_version": "0",
+# --------------------------------------------------------------------------
+# Host overhead
+
+
+def test_host_overhead_interleaves_steps_and_reports_per_round_ratios(monkeypatch):
+    """Every round times every step, starting one further along each time;
+    ratios are medians of per-round ratios (2.0 here), not ratios of medians."""
+    from bench import host_overhead
+
+    order: list[str] = []
+    # warm-up first, then 3 rounds; liger fwd+bwd / native fwd+bwd per round: 4/2, 9/3, 2/1 -> median 2
+    scripted = {
+        "liger fwd": iter([0, 1, 1, 1]),
+        "liger fwd+bwd": iter([0, 4, 9, 2]),
+        "native fwd": iter([0, 1, 1, 1]),
+        "native fwd+bwd": iter([0, 2, 3, 1]),
     }
-    graph = json.dumps({"B": 1, "set": "seeds", "timer": "graph"})
-    events = json.dumps({"B": 1, "set": "seeds", "timer": "events"})
-    records = [
-        {**base, "kernel_provider": "liger", "extra_benchmark_config_str": graph},
-        {**base, "kernel_provider": "liger", "extra_benchmark_config_str": events, "y_values_50": [5.0]},
+
+    class Fake:
+        def __init__(self, path: str):
+            self.path = path
+
+        def forward(self) -> float:
+            order.append(f"{self.path} fwd")
+            return float(next(scripted[f"{self.path} fwd"]))
+
+        def full(self) -> float:
+            order.append(f"{self.path} fwd+bwd")
+            return float(next(scripted[f"{self.path} fwd+bwd"]))
+
+    def build_path(op, path, device, dtype):
+        if path == "floor":
+            raise RuntimeError("not this one")
+        return Fake(path)
+
+    monkeypatch.setattr(host_overhead, "build_path", build_path)
+    monkeypatch.setattr(host_overhead, "time_us", lambda step, device, iters: step())
+    results = host_overhead.measure("cpu", 1, 3, ["rope"], ("liger", "native", "floor"))
+    steps = ["liger fwd", "liger fwd+bwd", "native fwd", "native fwd+bwd"]
+    assert order == steps + steps + steps[1:] + steps[:1] + steps[2:] + steps[:2]
+    assert results[("rope", "liger fwd+bwd")] == 4.0 and results[("rope", "native fwd+bwd")] == 2.0
+    assert results[("rope", "ratios")][("liger fwd+bwd", "native fwd+bwd")] == 2.0
+    assert results[("rope", "floor")] == "skipped (RuntimeError: not this one)"
+    lines = host_overhead.table(results, ["rope"], ("liger", "native", "floor")).splitlines()
+    assert lines[2] == "| rope | liger | 1.0 | 4.0 | 1.00x | 2.00x | - |"
+    targets = host_overhead.targets(results, ["rope"])
+    assert "fwd+bwd / native 2.00x MISSED (<= 1.3)" in targets and "fwd / native 1.00x ok" in targets
+
+
+@ON_CPU
+def test_host_overhead_floor_and_native_run_forward_and_backward():
+    from bench import host_overhead
+
+    for path in ("floor", "native"):
+        built = host_overhead.build_path("rope", path, "cpu", "float32")
+        (out,) = built.forward()
+        assert out.shape == (2, 8, 16)
+        grads = built.full()
+        assert all(g is not None and g.shape == i.shape for g, i in zip(grads, built.grad_inputs, strict=True))
+
+
+# --------------------------------------------------------------------------
+# Two trees side by side
+
+FAKE_REGISTRATIONS = """
+import time
+
+import torch
+import torch.nn.functional as F
+
+LIB = torch.library.Library("liger", "DEF")
+LIB.define("group_norm(Tensor x, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor")
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-05):
+    if {delay}:
+        time.sleep({delay})
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
+LIB.impl("group_norm", group_norm, "CompositeImplicitAutograd")
+"""
+
+
+def _fake_tree(root: Path, name: str, delay: float) -> Path:
+    tree = root / name
+    (tree / "registrations").mkdir(parents=True)
+    (tree / "csrc_free_ops").mkdir()
+    (tree / "registrations" / "__init__.py").write_text(textwrap.dedent(FAKE_REGISTRATIONS.format(delay=delay)))
+    (tree / "csrc_free_ops" / "__init__.py").write_text(f"__version__ = '{name}-tree'\n")
+    return tree
+
+
+def test_compare_trees_alternates_which_tree_goes_first():
+    assert compare_trees.schedule(["a", "b", "c"]) == [
+        ("a", "old"),
+        ("a", "new"),
+        ("b", "new"),
+        ("b", "old"),
+        ("c", "old"),
+        ("c", "new"),
     ]
-    text = run.summarize(records[:1])
-    assert "| rope | seeds | T=1024 | forward | 2 |" in text and "timer: graph" in text
-    both = run.summarize(records)
-    assert "| rope | seeds (graph) | T=1024 | forward | 2 |" in both
-    assert "| rope | seeds (events) | T=1024 | forward | 5 |" in both
+
+
+@ON_CPU
+def test_compare_trees_runs_each_tree_in_its_own_process_with_one_harness(tmp_path):
+    """Two fake trees (neither holds bench/): the old op returns at once, the new one sleeps
+    50 ms a call.  Each tree's records carry its own version, and the new rows are flagged."""
+    old, new = _fake_tree(tmp_path, "old", 0.0), _fake_tree(tmp_path, "new", 0.05)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "bench.compare_trees", str(old), str(new), "--out", str(out)]
+    argv += ["--ops", "group_norm", "--sets", "tiny", "--modes", "forward", "--timer", "eager", "--rep", "1"]
+    argv += ["--old-providers", "liger,torch", "--new-providers", "liger,torch"]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("old", "new"):
+        records = json.loads((out / name / "group_norm.json").read_text())
+        assert {r["liger_version"] for r in records} == {f"{name}-tree"}
+    text = (out / "compare.md").read_text()
+    assert text.strip() == done.stdout[done.stdout.index("# New / old") :].strip()
+    rows = [line for line in text.splitlines() if line.startswith("| group_norm | tiny | C=8 float32 | forward |")]
+    assert [row.split(" | ")[4] for row in rows] == ["eager"]
+    assert float(rows[0].split(" | ")[7]) > 2.0 and rows[0].endswith("SLOWER (> 1.02) |")
+    assert "- torch eager: geometric mean" in text and "drift control" in text
+
+
+def test_compare_table_pairs_rows_by_shape_mode_and_timer(tmp_path):
+    for tree, liger in (("old", (1.0, 2.0)), ("new", (1.01, 1.5))):
+        (tmp_path / tree).mkdir()
+        graph, eager = liger
+        records = [_record("poly_norm", "liger", "forward", "graph", [graph])]
+        records.append(_record("poly_norm", "liger", "forward", "eager", [eager]))
+        records.append(_record("poly_norm", "torch", "forward", "graph", [3.0]))
+        (tmp_path / tree / "poly_norm.json").write_text(json.dumps(records))
+    text = compare_trees.compare_table(tmp_path, 0.02)
+    assert "| poly_norm | seeds | H=256 bfloat16 | forward | graph | 1 | 1.01 | 1.010 |  |" in text
+    assert "| poly_norm | seeds | H=256 bfloat16 | forward | eager | 2 | 1.5 | 0.750 |  |" in text
+    assert "- torch graph: geometric mean of new / old 1.000 over 1 rows" in text
+    strict = compare_trees.compare_table(tmp_path, 0.005)
+    assert "| forward | graph | 1 | 1.01 | 1.010 | SLOWER (> 1.00) |" in strict
+    assert "liger: eager: 1 rows, 0 slower; graph: 1 rows, 1 slower" in strict
+
+
+# --------------------------------------------------------------------------
+# The demo
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA demo is the nox demo session's job")
+def test_demo_cpu():
+    assert demo.main([]) == 0

@@ -22,7 +22,7 @@ OPCHECK_CASES = [
     ((3, 6, 5, 7), 3, torch.float32, torch.float32, "both"),
     ((2, 4, 9), 2, torch.bfloat16, torch.float32, "both"),
     ((2, 8), 4, torch.float16, torch.float16, "weight"),
-    ((1, 4, 3, 2, 5), 1, torch.float32, torch.float32, "bias"),
+    ((1, 4, 3, 2, 5), 1, torch.float64, torch.bfloat16, "bias"),
     ((2, 6, 7), 2, torch.bfloat16, torch.bfloat16, "none"),
 ]
 

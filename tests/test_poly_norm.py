@@ -144,12 +144,30 @@ def test_backward_is_bitwise_deterministic(n_cols):
 def test_weight_gradient_sums_over_all_rows():
     """More rows than backward programs: every row's contribution lands."""
     rows = 2 * device.num_sms(torch.device(DEVICE)) * plan.BWD_PROGRAMS_PER_SM + 5
-    x = torch.randn(rows, 16, device=DEVICE, dtype=torch.float32)
+    x = torch.randn(rows, 130, device=DEVICE, dtype=torch.float32)
+    assert plan.cuda(rows, 130, True, device.num_sms(x.device)).programs > 1
     weight, bias = make_params(torch.float32)
     dy = torch.randn_like(x)
     grads = torch.ops.liger.poly_norm_backward(dy, x, weight, 1e-6)
     _, refs = reference_grads(x, weight, bias, dy, 1e-6)
     assert_grads_close(grads, refs, x, weight, dy, 1e-6, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_one_program_backward_writes_the_gradients_itself(dtype):
+    """Small backwards run as one program that stores dweight/dbias in their
+    dtype (no partials, no reduce launch); the same rows through several
+    programs and the reduce give the same gradients."""
+    x = torch.randn(5, 40, device=DEVICE, dtype=dtype)
+    weight, bias = make_params(torch.float32)
+    dy = torch.randn_like(x)
+    assert plan.cuda(5, 40, True, 132).programs == 1
+    one = launch.backward(dy, x, weight, 1e-6, plan.Plan(True, 1, 64, 1, None, None))
+    several = launch.backward(dy, x, weight, 1e-6, plan.Plan(True, 1, 64, 3, None, None))
+    _, refs = reference_grads(x, weight, bias, dy, 1e-6)
+    assert_grads_close(one, refs, x, weight, dy, 1e-6)
+    for a, b in zip(one[1:], several[1:], strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_zero_rows():

@@ -105,8 +105,9 @@ def test_compile_table_requiring_grad_is_an_error_not_a_zero_gradient():
 
 def _variant_calls(seq: int, dtype=torch.float32, requires_grad=False):
     """(args, kwargs) of calls covering each option: packed tokens with
-    cu_seqlens, interleaved partial pairs and k alone; (B, H, S, D) with M-RoPE
-    position ids, DeepSeek's pairs and q alone; position_ids (B, S) with both."""
+    cu_seqlens, interleaved partial pairs and k alone (passed first); (B, H,
+    S, D) with M-RoPE position ids, DeepSeek's pairs and q alone;
+    position_ids (B, S) with both."""
     g = requires_grad
     cos, sin = (torch.randn(seq + 2, 8, device=DEVICE, dtype=dtype) for _ in range(2))
     packed_k = torch.randn(seq, 2, 12, device=DEVICE, dtype=dtype).requires_grad_(g)
@@ -116,7 +117,7 @@ def _variant_calls(seq: int, dtype=torch.float32, requires_grad=False):
     mrope_ids = torch.randint(0, seq + 2, (3, 2, seq), device=DEVICE)
     ids = torch.randint(0, seq + 2, (2, seq), device=DEVICE)
     return [
-        ((None, packed_k, cos, sin), {"cu_seqlens": cu_seqlens, "pairs": "interleaved"}),
+        ((packed_k, None, cos, sin), {"cu_seqlens": cu_seqlens, "pairs": "interleaved"}),
         ((q, None, cos, sin), {"position_ids": mrope_ids, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
                                "pairs": "interleaved_to_halves"}),
         ((q, k, cos, sin), {"position_ids": ids}),

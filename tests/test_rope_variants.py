@@ -185,8 +185,10 @@ def build_variant(v, device=DEVICE):
         x = make_heads(v["batch"], n, v["seq"], v["dim"], v["dtype"], layout, device)
         heads.append(x[0].transpose(0, 1) if v["packed"] else x)  # (T, H, D) views
     q, k = heads
-    q = None if v["which"] == "k" else q
-    k = None if v["which"] == "q" else k
+    if v["which"] == "k":  # k alone (a KV-cache append) goes first: rope(k, None, ...)
+        q, k = k, None
+    elif v["which"] == "q":
+        k = None
     options = {"pairs": v["pairs"]}
     source = v["source"]
     if source == "gathered":
@@ -300,15 +302,15 @@ def test_gradcheck_and_gradgradcheck_of_the_variants_in_float64():
     cos, sin = _randn(4, 4, dtype=F64), _randn(4, 4)
     cases = [
         (q, None, {"cu_seqlens": torch.tensor([0, 2, 5], device=DEVICE), "pairs": "interleaved_to_halves"}),
-        (None, k, {"position_ids": torch.tensor([3, 0, 1, 2, 2], device=DEVICE), "pairs": "interleaved"}),
+        (k, None, {"position_ids": torch.tensor([3, 0, 1, 2, 2], device=DEVICE), "pairs": "interleaved"}),
         (q, k, {"position_ids": torch.randint(0, 4, (3, 5), device=DEVICE), "mrope_section": [1, 0, 1],
                 "mrope_interleaved": True}),
     ]  # fmt: skip
-    for q_, k_, options in cases:
+    for q_, k_, options in cases:  # k alone goes first
         inputs = tuple(t for t in (q_, k_) if t is not None)
 
-        def fn(*xs, q_=q_, options=options):
-            args = (xs[0], None) if q_ is not None and len(xs) == 1 else ((None, xs[0]) if len(xs) == 1 else xs)
+        def fn(*xs, options=options):
+            args = (xs[0], None) if len(xs) == 1 else xs
             return tuple(o for o in torch.ops.liger.rope(*args, cos, sin, **options) if o is not None)
 
         assert torch.autograd.gradcheck(fn, inputs, fast_mode=True), options
@@ -328,7 +330,6 @@ def _call(op, q=(2, 4, 5, 8), k=(2, 2, 5, 8), table=(16, 8), **options):
 
 IDS = torch.zeros(2, 5, dtype=torch.int64)
 BAD_OPTIONS = [
-    (ValueError, "q and k are both None", {"q": None, "k": None, "table": (5, 8)}),
     (ValueError, "pairs must be one of 'halves', 'interleaved', 'interleaved_to_halves', got 'neox'",
      {"pairs": "neox", "table": (5, 8)}),
     (ValueError, "pass position_ids or cu_seqlens, not both",
@@ -385,3 +386,42 @@ OUT_OF_RANGE = [
 def test_positions_outside_the_table_raise_on_cpu(op, call, message):
     with pytest.raises(ValueError, match=rf"liger\.{op}: {message}"):
         _call(op, **call)
+
+
+# --- torch.func over the options
+
+
+def test_vmap_and_jvp_over_the_options():
+    """vmap over q and k with looked-up positions (folded into one call, or
+    per sample with cu_seqlens), k alone, M-RoPE; jvp by linearity."""
+    from torch.func import jvp, vmap
+
+    n, cos, sin = 3, *angle_table(8, 8, torch.float32, "interleaved")
+    q, k = _randn(n, 2, 4, 5, 8), _randn(n, 2, 2, 5, 8)
+    ids = torch.randint(0, 8, (2, 5), device=DEVICE)
+    mrope_ids = torch.randint(0, 8, (3, 2, 5), device=DEVICE)
+    packed = _randn(n, 6, 2, 8)
+    cu_seqlens = torch.tensor([0, 2, 6], device=DEVICE)
+    cases = [
+        ((q, k), {"position_ids": ids, "pairs": "interleaved"}),
+        ((q, None), {"position_ids": mrope_ids, "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+        ((packed, None), {"cu_seqlens": cu_seqlens, "pairs": "interleaved_to_halves"}),
+    ]
+    for (x, y), options in cases:
+
+        def call(x, y, options=options):  # vmap takes tensor outputs only: a single tensor's None is dropped
+            return tuple(o for o in torch.ops.liger.rope(x, y, cos, sin, **options) if o is not None)
+
+        in_dims = (0, None if y is None else 0)
+        got = vmap(call, in_dims=in_dims)(x, y)
+        for i in range(n):
+            want = reference.forward(x[i].double(), None if y is None else y[i].double(), cos.double(), sin.double(),
+                                     **options)  # fmt: skip
+            want = [w for w in want if w is not None]
+            for g, w in zip(got, want, strict=True):
+                assert_close_to_ref(g[i], w, torch.float32, f"vmap {sorted(options)}")
+        tangent = torch.randn_like(x[0])
+        _, out_tangent = jvp(lambda t, options=options, y=y: call(t, None if y is None else y[0])[0], (x[0],),
+                             (tangent,))  # fmt: skip
+        want = reference.forward(tangent.double(), None, cos.double(), sin.double(), **options)[0]
+        assert_close_to_ref(out_tangent, want, torch.float32, f"jvp {sorted(options)}")

@@ -1,6 +1,14 @@
-"""GroupNorm: per (sample, group) standardisation with a per-channel affine.
+"""GroupNorm: for x of shape (N, C, *) in G groups of C // G channels,
+y = (x - mean) * rsqrt(var + eps) * weight + bias, with the mean and
+(biased) variance of each (sample, group) over its channels and positions,
+and weight and bias per channel.
 
-``reference.py`` is the pure-PyTorch ground truth, ``kernels.py`` holds the
-Triton kernels (shared by both backends), ``plan.py`` the work decomposition,
-and ``cuda.py`` / ``npu.py`` the launch policy of each backend.
+The rooms every op package has, each meaning the same in every op:
+
+* ``reference.py``: pure PyTorch, the ground truth and the CPU fallback;
+* ``kernels.py``: every ``@triton.jit`` of the op (the one-pass kernels are
+  CUDA-only, the rest shared by CUDA and the NPU);
+* ``plan.py``: the ``Plan`` type and the CUDA and NPU planning functions;
+* ``launch.py``: the launch sequence (a Plan as data) and each dispatch
+  key's entry.
 """

@@ -1,36 +1,53 @@
-"""Triton kernels of GroupNorm, shared by the CUDA and NPU launchers.
+"""Every Triton kernel of GroupNorm.  CUDA and the NPU share each kernel
+they both run; the one-pass kernels are CUDA-only (they need every program
+of a team resident at once, which only a cooperative CUDA launch
+guarantees, plan.py).
 
-The kernels differ between backends only in launch policy (grid, tile sizes,
-warps), so both launchers run these.  Every kernel walks its work with a grid
-stride, so a grid of any size (an SM multiple on CUDA, at most the vector
-cores on an Ascend NPU) covers all of it.  Offsets are computed from the
-item's base on every step; no pointer is advanced inside a loop.
+x is contiguous (N, C, HW) (HW: the product of the spatial sizes), so the
+cpg * HW elements of a (sample, group) ``row`` (row = n * num_groups + g,
+cpg = C // num_groups) are one contiguous run from row * cpg * HW.
 
-Statistics, all in float32 (see ``plan.py`` for items and segments):
+The arguments are one contract per direction, the same for every kernel of
+it, so the launch sequence hands each step of a plan the same tuple:
 
-* a partial pass gives each (sample, channel, segment) its mean and M2 (sum
-  of squared deviations).  Sums run on x minus the segment's first element,
-  so a large mean does not cancel away the variance;
-* the segments of each (sample, group) are merged with Chan's formula:
-  mean = sum(cnt_i * mean_i) / L, M2 = sum(M2_i + cnt_i * (mean_i - mean)^2),
-  rstd = rsqrt(M2 / L + eps).  Either each program of the next pass merges
-  the groups of its own channels (``FUSED``: the partials are few and sit in
-  L2), or a finalize kernel per (sample, group) stores them in STATS.
+    forward:  (x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps)
+    backward: (grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps)
 
-Backward, with xhat = (x - mean) * rstd and g = dy * w:
-    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   over the group,
+A kernel ignores what it does not need.  ``workspace`` holds rows of one
+value per segment (sample, spatial segment of ``chunk`` positions, channel),
+laid out (N, splits, C), then rows of one value per (sample, group); which
+row holds what is the plan's ``Layout`` (plan.py), passed in as the
+``*_ROW`` constexprs.  ``counters`` are the one-pass kernels' barrier
+counters (int32, zeroed per call).
+
+Paths (plan.py says which runs when):
+
+* whole: one program holds a (sample, group) in a [BLOCK_C, BLOCK_HW] tile
+  and reads x once (exact two-pass variance in registers);
+* one-pass (CUDA): a team of programs holds a group, each one tile of it;
+  each stores its channels' (mean, M2) partials, waits at the team's
+  barrier, merges the group's partials and normalizes from registers;
+* looped: one program walks a (sample, group) twice, statistics then
+  output, the second walk last tile first (out of L2);
+* split: a work item is (row, channel block of the group, spatial
+  segment); a partials kernel writes each segment's per-channel (mean, M2),
+  then the apply / dx kernel merges its group's partials itself (FUSED) or
+  reads the (mean, rstd, ...) a finalize kernel stored per row.
+
+Partials are merged with Chan's formula: mean = sum(cnt_i * mean_i) / L,
+M2 = sum(M2_i + cnt_i * (mean_i - mean)^2).  Backward, with
+xhat = (x - mean) * rstd and g = dy * w:
+
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
     dweight[c] = sum over (n, spatial) of dy * xhat,  dbias[c] = sum of dy.
-Its partial pass also keeps sum(dy) and sum(dy * (x - mean_i)) per segment;
-the merge turns them into the group means above, the dx kernel writes each
-of its segments' dweight term, and a reduce kernel sums those over samples
-and segments in a fixed order.  No atomics anywhere: two runs give
-bitwise-equal results.
 
-Kernels take only (N, C, HW, channels per group, chunk) as sizes and derive
-the rest (channel blocks, splits, items, partial counts) in int64: a launch's
-host cost grows with its argument count.  PART is one float32 buffer: NP rows
-of N * splits * C partials (NP = 2 forward, 5 backward), then, when a finalize
-kernel runs, the (N * G)-long STATS rows.
+Every backward path writes per-(sample, segment, channel) dweight / dbias
+terms (DWEIGHT_ROW, DBIAS_ROW) that ``reduce_param_grads_kernel`` sums in a
+fixed order: no atomics on data, so two runs give bitwise-equal results.
+
+Math runs in COMPUTE (float32, float64 for float64 x), and so does the
+workspace; every load is converted to it, so weight and bias may have any
+float dtype.  Stores narrow through ``_narrow``.
 """
 
 from __future__ import annotations
@@ -38,300 +55,732 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _dims(N, C, hw, chunk, BLOCK_C: tl.constexpr):
-    """int64 channel blocks, splits, work items and partials per PART row."""
-    c_blocks = tl.cast(tl.cdiv(C, BLOCK_C), tl.int64)
-    splits = tl.cast(tl.cdiv(hw, chunk), tl.int64)
-    n_segments = tl.cast(N, tl.int64) * C * splits
-    return c_blocks, splits, tl.cast(N, tl.int64) * c_blocks * splits, n_segments
+# --- shared helpers
 
 
 @triton.jit
-def _group_size(cpg, hw):
-    """Elements of one group, as float32."""
-    return (tl.cast(cpg, tl.int64) * hw).to(tl.float32)
+def _narrow(v, dtype: tl.constexpr):
+    """v as dtype; float64 reaches narrower types through float32 (the
+    interpreter's direct float64 -> bfloat16 cast gives garbage)."""
+    if dtype != tl.float64:
+        v = v.to(tl.float32)
+    return v.to(dtype)
+
+
+@triton.jit
+def _channel_param(p, cs, c_mask, HAS: tl.constexpr, DEFAULT: tl.constexpr, BLOCK_C: tl.constexpr,
+                   COMPUTE: tl.constexpr):  # fmt: skip
+    """The per-channel parameter p at channels cs, or DEFAULT where there is none."""
+    if HAS:
+        return tl.load(p + cs, mask=c_mask, other=0.0).to(COMPUTE)
+    return tl.full([BLOCK_C], DEFAULT, COMPUTE)
+
+
+@triton.jit
+def _group_size(cpg, HW, COMPUTE: tl.constexpr):
+    """Elements of one group, in COMPUTE."""
+    return (tl.cast(cpg, tl.int64) * HW).to(COMPUTE)
+
+
+@triton.jit
+def _segment_count(s, HW, chunk):
+    """Spatial positions of segment s."""
+    return tl.minimum(chunk, HW - s * chunk)
+
+
+@triton.jit
+def _split_dims(N, C, HW, num_groups, chunk, BLOCK_C: tl.constexpr):
+    """int64 (channels per group, channel blocks per group, segments per
+    channel, (sample, group) rows, work items, values per segment row)."""
+    cpg = C // num_groups
+    c_blocks = tl.cast(tl.cdiv(cpg, BLOCK_C), tl.int64)
+    splits = tl.cast(tl.cdiv(HW, chunk), tl.int64)
+    n_rows = tl.cast(N, tl.int64) * num_groups
+    return cpg, c_blocks, splits, n_rows, n_rows * c_blocks * splits, tl.cast(N, tl.int64) * splits * C
 
 
 @triton.jit
 def _item_coords(item, c_blocks, splits):
-    """(sample, channel block, segment) of a work item, as int64."""
+    """(row, channel block within the group, segment) of a work item, int64."""
     item = tl.cast(item, tl.int64)
-    s = item % splits
     rest = item // splits
-    return rest // c_blocks, rest % c_blocks, s
+    return rest // c_blocks, rest % c_blocks, item % splits
 
 
 @triton.jit
-def _segment_count(s, hw, chunk):
-    return tl.minimum(chunk, hw - s * chunk)
+def _segment_index(row, num_groups, cpg, C, splits, s):
+    """Index of (sample, segment s, the group's first channel) in a segment row."""
+    n = row // num_groups
+    return (n * splits + s) * C + (row % num_groups) * cpg
 
 
 @triton.jit
-def _shifted_sums(
-    X, DY, rows, c_mask, start, hw, chunk, HAS_DY: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr
-):
-    """Over one segment of each channel row: the shift k (first element), and
-    sum(d), sum(d^2), sum(dy), sum(dy * d) with d = x - k, each of shape [BLOCK_C]."""
-    k = tl.load(X + rows + start, mask=c_mask, other=0.0).to(tl.float32)
-    acc_d = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-    acc_dd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-    acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-    acc_gd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-    for step in range(0, chunk, BLOCK_HW):
-        cols = start + step + tl.arange(0, BLOCK_HW)
-        mask = c_mask[:, None] & (cols < hw)[None, :]
-        offs = rows[:, None] + cols[None, :]
-        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-        d = tl.where(mask, x - k[:, None], 0.0)
+def _merge_group(workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+                 MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr,
+                 SUM_DY_D_ROW: tl.constexpr, BWD: tl.constexpr, HAS_W: tl.constexpr, BLOCK_P: tl.constexpr,
+                 COMPUTE: tl.constexpr):  # fmt: skip
+    """Chan's merge of the cpg * splits segment partials of the (sample,
+    group) ``row``: its mean and M2 and, with BWD, sum(w * dy) and
+    sum(w * dy * (x - mean)) over the group."""
+    base = _segment_index(row, num_groups, cpg, C, splits, 0)
+    first = (row % num_groups) * cpg
+    n_parts = cpg * splits
+    acc = tl.zeros([BLOCK_P], dtype=COMPUTE)
+    for j0 in range(0, n_parts, BLOCK_P):
+        j = j0 + tl.arange(0, BLOCK_P)
+        mask = j < n_parts
+        s = tl.cast(j // cpg, tl.int64)
+        idx = base + s * C + j % cpg
+        cnt = _segment_count(s, HW, chunk).to(COMPUTE)
+        acc += tl.where(mask, tl.load(workspace + MEAN_ROW * n_segments + idx, mask=mask, other=0.0) * cnt, 0.0)
+    mean = tl.sum(acc, 0) / _group_size(cpg, HW, COMPUTE)
+    acc = tl.zeros([BLOCK_P], dtype=COMPUTE)
+    acc_g = tl.zeros([BLOCK_P], dtype=COMPUTE)
+    acc_gd = tl.zeros([BLOCK_P], dtype=COMPUTE)
+    for j0 in range(0, n_parts, BLOCK_P):
+        j = j0 + tl.arange(0, BLOCK_P)
+        mask = j < n_parts
+        s = tl.cast(j // cpg, tl.int64)
+        idx = base + s * C + j % cpg
+        cnt = _segment_count(s, HW, chunk).to(COMPUTE)
+        delta = tl.load(workspace + MEAN_ROW * n_segments + idx, mask=mask, other=0.0) - mean
+        m2 = tl.load(workspace + M2_ROW * n_segments + idx, mask=mask, other=0.0)
+        acc += tl.where(mask, m2 + cnt * delta * delta, 0.0)
+        if BWD:
+            sg = tl.load(workspace + SUM_DY_ROW * n_segments + idx, mask=mask, other=0.0)
+            sgd = tl.load(workspace + SUM_DY_D_ROW * n_segments + idx, mask=mask, other=0.0)
+            w = _channel_param(weight, first + j % cpg, mask, HAS_W, 1.0, BLOCK_P, COMPUTE)
+            acc_g += w * sg
+            acc_gd += w * (sgd + delta * sg)  # sum(dy * (x - group mean)) over the segment
+    return mean, tl.sum(acc, 0), tl.sum(acc_g, 0), tl.sum(acc_gd, 0)
+
+
+@triton.jit
+def _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps):
+    """(rstd, mean(g), mean(g * xhat)) of a group from its merged sums."""
+    rstd = tl.math.rsqrt(m2 / size + eps)
+    return rstd, sum_g / size, rstd * sum_gd / size
+
+
+# --- whole: one program holds a (sample, group)
+
+
+@triton.jit
+def _whole_group(x, row, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr):
+    """For the (sample, group) ``row`` (int64): the tile's offsets and mask,
+    the channel indices within the group and their mask, x - mean (zero
+    outside the group) and the variance."""
+    ch = tl.arange(0, BLOCK_C)
+    c_mask = ch < cpg
+    cols = tl.arange(0, BLOCK_HW)
+    mask = c_mask[:, None] & (cols < HW)[None, :]
+    offs = row * cpg * HW + ch[:, None] * HW + cols[None, :]
+    size = _group_size(cpg, HW, COMPUTE)
+    xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
+    mean = tl.sum(tl.sum(xv, 1), 0) / size
+    d = tl.where(mask, xv - mean, 0.0)
+    return offs, mask, ch, c_mask, d, tl.sum(tl.sum(d * d, 1), 0) / size
+
+
+@triton.jit
+def fwd_whole_kernel(
+    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    cpg = C // num_groups
+    for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
+        row = tl.cast(row, tl.int64)
+        offs, mask, ch, c_mask, d, var = _whole_group(x, row, cpg, HW, BLOCK_C, BLOCK_HW, COMPUTE)
+        cs = (row % num_groups) * cpg + ch
+        scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * tl.math.rsqrt(var + eps)
+        shift = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
+        tl.store(y + offs, _narrow(d * scale[:, None] + shift[:, None], y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def bwd_whole_kernel(
+    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, PARAM_GRADS: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """dx, and with PARAM_GRADS each (sample, channel)'s sum(dy * xhat) and
+    sum(dy) (the plan's segments are whole channels: chunk = HW)."""
+    cpg = C // num_groups
+    n_segments = tl.cast(N, tl.int64) * C
+    size = _group_size(cpg, HW, COMPUTE)
+    for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
+        row = tl.cast(row, tl.int64)
+        offs, mask, ch, c_mask, d, var = _whole_group(x, row, cpg, HW, BLOCK_C, BLOCK_HW, COMPUTE)
+        rstd = tl.math.rsqrt(var + eps)
+        dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
+        xhat = d * rstd
+        g = dy * _channel_param(weight, (row % num_groups) * cpg + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)[:, None]
+        mg = tl.sum(tl.sum(g, 1), 0) / size
+        mgx = tl.sum(tl.sum(g * xhat, 1), 0) / size
+        tl.store(dx + offs, _narrow(rstd * (g - mg - xhat * mgx), dx.dtype.element_ty), mask=mask)
+        if PARAM_GRADS:
+            seg = row * cpg + ch  # n * C + channel
+            tl.store(workspace + DWEIGHT_ROW * n_segments + seg, tl.sum(dy * xhat, 1), mask=c_mask)
+            tl.store(workspace + DBIAS_ROW * n_segments + seg, tl.sum(dy, 1), mask=c_mask)
+
+
+# --- one-pass (CUDA): a team of resident programs per group, partials through the workspace
+
+
+@triton.jit
+def _team_barrier(counter, team_size):
+    """Returns once all ``team_size`` programs of the team have arrived at
+    ``counter`` (int32, zero before the team's first arrival); every store a
+    program made before arriving is visible to the others after.  Safe only
+    if the whole team is resident at once (plan.py says why it is)."""
+    tl.debug_barrier()  # this program's threads have all stored their partials
+    tl.atomic_add(counter, 1, sem="release", scope="gpu")
+    arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    while arrived < team_size:
+        arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()  # no thread reads the team's partials before the acquire
+
+
+@triton.jit
+def _team_member(N, C, HW, num_groups, chunk, BLOCK_C: tl.constexpr):
+    """(team, channel block, segment, team size, teams, cpg, splits, rows it
+    may take, values per segment row) of this program: program p is member
+    p % team_size of team p // team_size, and team t takes rows t, t + teams, ..."""
+    cpg, c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
+    team_size = c_blocks * splits
+    pid = tl.cast(tl.program_id(0), tl.int64)
+    rank = pid % team_size
+    team = pid // team_size
+    teams = tl.maximum(tl.num_programs(0) // team_size, 1)
+    # A program past the last whole team (none in a planned grid) takes no row: its team would never fill.
+    last = tl.where(team < tl.num_programs(0) // team_size, n_rows, 0)
+    return team, rank // splits, rank % splits, team_size, teams, cpg, splits, last, n_segments
+
+
+@triton.jit
+def _tile_offsets(HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, EVEN: tl.constexpr):
+    """int32 offsets of a [BLOCK_C, BLOCK_HW] tile from its first element.
+    Kept small on purpose: the one-pass kernels hold a tile across the
+    barrier, and 64-bit offsets and masks held beside it would cost more
+    registers than its values.  EVEN with HW == BLOCK_HW (the plan's only
+    EVEN tiles of several channels): the tile is one contiguous run, which
+    the compiler sees when the row stride is the constant BLOCK_HW."""
+    if EVEN:
+        return tl.arange(0, BLOCK_C)[:, None] * BLOCK_HW + tl.arange(0, BLOCK_HW)[None, :]
+    return tl.arange(0, BLOCK_C)[:, None] * HW + tl.arange(0, BLOCK_HW)[None, :]
+
+
+@triton.jit
+def _tile_mask(cpg, HW, c0, s0, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """Which elements of the tile at channel c0 (within the group) and position s0 lie in the group."""
+    return (tl.arange(0, BLOCK_C) < cpg - c0)[:, None] & (tl.arange(0, BLOCK_HW) < HW - s0)[None, :]
+
+
+@triton.jit
+def _team_tile(t, row, valid, cpg, HW, cb, s, EVEN: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+               COMPUTE: tl.constexpr):  # fmt: skip
+    """This member's tile of t at row (zeros unless valid: past the last row).
+    EVEN: tiles never leave their group, so only ``valid`` masks."""
+    c0 = cb * BLOCK_C
+    s0 = s * BLOCK_HW
+    ptrs = t + (row * cpg + c0) * HW + s0 + _tile_offsets(HW, BLOCK_C, BLOCK_HW, EVEN)
+    if EVEN:
+        return tl.load(ptrs, mask=valid, other=0.0).to(COMPUTE)
+    mask = _tile_mask(cpg, HW, c0, s0, BLOCK_C, BLOCK_HW) & valid
+    return tl.load(ptrs, mask=mask, other=0.0).to(COMPUTE)
+
+
+@triton.jit
+def _store_team_tile(t, v, row, cpg, HW, cb, s, EVEN: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    c0 = cb * BLOCK_C
+    s0 = s * BLOCK_HW
+    ptrs = t + (row * cpg + c0) * HW + s0 + _tile_offsets(HW, BLOCK_C, BLOCK_HW, EVEN)
+    if EVEN:
+        tl.store(ptrs, _narrow(v, t.dtype.element_ty))
+    else:
+        tl.store(ptrs, _narrow(v, t.dtype.element_ty), mask=_tile_mask(cpg, HW, c0, s0, BLOCK_C, BLOCK_HW))
+
+
+@triton.jit
+def _channel_moments(xv, cpg, HW, cb, s, cnt, EVEN: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """Per channel of a member's tile: the mean over its cnt positions, M2,
+    and x - mean (0 outside the group)."""
+    mean = tl.sum(xv, 1) / cnt
+    d = xv - mean[:, None]
+    if not EVEN:
+        d = tl.where(_tile_mask(cpg, HW, cb * BLOCK_C, s * BLOCK_HW, BLOCK_C, BLOCK_HW), d, 0.0)
+    return mean, tl.sum(d * d, 1), d
+
+
+@triton.jit
+def _member_channels(row, num_groups, cpg, C, splits, cb, s, BLOCK_C: tl.constexpr):
+    """The member's channels within the group, their mask, their index in a
+    segment row, and their index among all C channels."""
+    ch = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    return ch, ch < cpg, _segment_index(row, num_groups, cpg, C, splits, s) + ch, (row % num_groups) * cpg + ch
+
+
+@triton.jit
+def fwd_one_pass_kernel(
+    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr, EVEN: tl.constexpr,
+    PREFETCH: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """y with x read once: each member keeps its tile in registers across the
+    team's barrier (chunk = BLOCK_HW: one tile per member).  EVEN: tiles never
+    leave their group (cpg % BLOCK_C == 0 and HW % BLOCK_HW == 0), so no
+    masks.  PREFETCH loads the team's next row before waiting, so the wait
+    overlaps those loads."""
+    member = _team_member(N, C, HW, num_groups, chunk, BLOCK_C)
+    team, cb, s, team_size, teams, cpg, splits, n_rows, n_segments = member
+    cnt = _segment_count(s, HW, chunk).to(COMPUTE)
+    size = _group_size(cpg, HW, COMPUTE)
+    if PREFETCH:
+        xv = _team_tile(x, team, team < n_rows, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+    for row in tl.range(team, n_rows, teams):
+        if not PREFETCH:
+            xv = _team_tile(x, row, True, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+        mean_c, m2_c, _d = _channel_moments(xv, cpg, HW, cb, s, cnt, EVEN, BLOCK_C, BLOCK_HW)
+        ch, c_mask, seg, cs = _member_channels(row, num_groups, cpg, C, splits, cb, s, BLOCK_C)
+        tl.store(workspace + MEAN_ROW * n_segments + seg, mean_c, mask=c_mask)
+        tl.store(workspace + M2_ROW * n_segments + seg, m2_c, mask=c_mask)
+        if PREFETCH:
+            x_next = _team_tile(x, row + teams, row + teams < n_rows, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+        _team_barrier(counters + row, team_size)
+        mean, m2, _, _ = _merge_group(
+            workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+            MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, False, BLOCK_P, COMPUTE,
+        )  # fmt: skip
+        scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * tl.math.rsqrt(m2 / size + eps)
+        shift = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE) - mean * scale
+        _store_team_tile(y, xv * scale[:, None] + shift[:, None], row, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW)
+        if PREFETCH:
+            xv = x_next
+
+
+@triton.jit
+def bwd_one_pass_kernel(
+    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr,
+    SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr, EVEN: tl.constexpr,
+    PREFETCH: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """dx with x and dy read once (as fwd_one_pass_kernel); with HAS_W each
+    member also writes its channels' dweight term (DWEIGHT_ROW); the sum(dy)
+    of its partials (SUM_DY_ROW) is the dbias term."""
+    member = _team_member(N, C, HW, num_groups, chunk, BLOCK_C)
+    team, cb, s, team_size, teams, cpg, splits, n_rows, n_segments = member
+    cnt = _segment_count(s, HW, chunk).to(COMPUTE)
+    size = _group_size(cpg, HW, COMPUTE)
+    if PREFETCH:
+        xv = _team_tile(x, team, team < n_rows, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+        dy = _team_tile(grad_out, team, team < n_rows, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+    for row in tl.range(team, n_rows, teams):
+        if not PREFETCH:
+            xv = _team_tile(x, row, True, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+            dy = _team_tile(grad_out, row, True, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+        mean_c, m2_c, d = _channel_moments(xv, cpg, HW, cb, s, cnt, EVEN, BLOCK_C, BLOCK_HW)
+        sum_dy_c = tl.sum(dy, 1)
+        sum_dy_d_c = tl.sum(dy * d, 1)
+        ch, c_mask, seg, cs = _member_channels(row, num_groups, cpg, C, splits, cb, s, BLOCK_C)
+        tl.store(workspace + MEAN_ROW * n_segments + seg, mean_c, mask=c_mask)
+        tl.store(workspace + M2_ROW * n_segments + seg, m2_c, mask=c_mask)
+        tl.store(workspace + SUM_DY_ROW * n_segments + seg, sum_dy_c, mask=c_mask)
+        tl.store(workspace + SUM_DY_D_ROW * n_segments + seg, sum_dy_d_c, mask=c_mask)
+        if PREFETCH:
+            valid = row + teams < n_rows
+            x_next = _team_tile(x, row + teams, valid, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+            dy_next = _team_tile(grad_out, row + teams, valid, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
+        _team_barrier(counters + row, team_size)
+        mean, m2, sum_g, sum_gd = _merge_group(
+            workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+            MEAN_ROW, M2_ROW, SUM_DY_ROW, SUM_DY_D_ROW, True, HAS_W, BLOCK_P, COMPUTE,
+        )  # fmt: skip
+        rstd, mg, mgx = _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps)
+        w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+        # dx = rstd * (dy * w - mg - (x - mean) * rstd * mgx), as a * dy + b * x + c per channel.
+        a = rstd * w
+        b = -rstd * rstd * mgx
+        dxv = dy * a[:, None] + xv * b + (rstd * (mean * rstd * mgx - mg))
+        _store_team_tile(dx, dxv, row, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW)
+        if HAS_W:  # sum(dy * xhat) per channel: rstd * (sum(dy * (x - mean_c)) + (mean_c - mean) * sum(dy))
+            dweight_term = rstd * (sum_dy_d_c + (mean_c - mean) * sum_dy_c)
+            tl.store(workspace + DWEIGHT_ROW * n_segments + seg, dweight_term, mask=c_mask)
+        if PREFETCH:
+            xv = x_next
+            dy = dy_next
+
+
+# --- looped: one program walks a (sample, group) twice
+
+
+@triton.jit
+def _group_tile(base, step, h_steps, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """The step-th [BLOCK_C, BLOCK_HW] tile of the group starting at base
+    (int64), walking positions within a channel block first: its offsets and
+    mask, and its channels within the group and their mask."""
+    ch = tl.cast(step // h_steps, tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cols = (step % h_steps) * BLOCK_HW + tl.arange(0, BLOCK_HW)
+    c_mask = ch < cpg
+    mask = c_mask[:, None] & (cols < HW)[None, :]
+    return base + ch[:, None] * HW + cols[None, :], mask, ch, c_mask
+
+
+@triton.jit
+def _looped_sums(x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
+                 HAS_DY: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+                 LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+    """One walk over the group at base whose first channel is first: with
+    d = x - k (k the mean of the group's first tile, so that the sums of d
+    do not cancel) and g = dy * w, returns k and sum(d), sum(d^2), sum(g),
+    sum(g * d); X_EVICT is the L2 eviction policy of the x loads."""
+    offs, mask, _ch, _c_mask = _group_tile(base, 0, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+    first_tile = tl.load(x + offs, mask=mask, other=0.0, eviction_policy=X_EVICT).to(COMPUTE)
+    k = tl.sum(tl.sum(first_tile, 1), 0) / tl.sum(tl.sum(mask.to(COMPUTE), 1), 0)
+    acc_d = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    acc_dd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    acc_gd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    for step in tl.range(0, steps, num_stages=LOOP_STAGES):
+        offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+        xv = tl.load(x + offs, mask=mask, other=0.0, eviction_policy=X_EVICT).to(COMPUTE)
+        d = tl.where(mask, xv - k, 0.0)
         acc_d += d
         acc_dd += d * d
         if HAS_DY:
-            dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+            w = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+            g = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE) * w[:, None]
+            acc_g += g
+            acc_gd += g * d
+    s1 = tl.sum(tl.sum(acc_d, 1), 0)
+    s2 = tl.sum(tl.sum(acc_dd, 1), 0)
+    return k, s1, s2, tl.sum(tl.sum(acc_g, 1), 0), tl.sum(tl.sum(acc_gd, 1), 0)
+
+
+@triton.jit
+def _looped_stats(x, grad_out, weight, row, num_groups, cpg, HW, h_steps, steps, eps,
+                  HAS_DY: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+                  LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+    """One walk over the (sample, group) row (int64): its first element's
+    offset, its first channel, mean and rstd, and with HAS_DY mean(g) and
+    mean(g * xhat)."""
+    base = row * cpg * HW
+    first = (row % num_groups) * cpg
+    size = _group_size(cpg, HW, COMPUTE)
+    k, s1, s2, sg, sgd = _looped_sums(
+        x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
+        HAS_DY, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, X_EVICT, COMPUTE,
+    )  # fmt: skip
+    mean_d = s1 / size  # mean - k
+    rstd = tl.math.rsqrt(tl.maximum(s2 - s1 * mean_d, 0.0) / size + eps)
+    return base, first, k + mean_d, rstd, sg / size, rstd * (sgd - mean_d * sg) / size
+
+
+@triton.jit
+def fwd_looped_kernel(
+    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, STATS_EVICT: tl.constexpr, OUTPUT_EVICT: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """One program per (sample, group): statistics first, then the output
+    last tile first.  STATS_EVICT / OUTPUT_EVICT: L2 eviction policies of the
+    first walk's x loads and of the second walk's loads and stores ("" for
+    the default; evict_last / evict_first keep x in L2 for the second walk)."""
+    cpg = C // num_groups
+    h_steps = tl.cdiv(HW, BLOCK_HW)
+    steps = tl.cdiv(cpg, BLOCK_C) * h_steps
+    for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
+        base, first, mean, rstd, _mg, _mgx = _looped_stats(
+            x, x, weight, tl.cast(row, tl.int64), num_groups, cpg, HW, h_steps, steps, eps,
+            False, False, BLOCK_C, BLOCK_HW, LOOP_STAGES, STATS_EVICT, COMPUTE,
+        )  # fmt: skip
+        for i in tl.range(0, steps, num_stages=LOOP_STAGES):
+            offs, mask, ch, c_mask = _group_tile(base, steps - 1 - i, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+            scale = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * rstd
+            shift = _channel_param(bias, first + ch, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
+            xv = tl.load(x + offs, mask=mask, other=0.0, eviction_policy=OUTPUT_EVICT).to(COMPUTE)
+            out = (xv - mean) * scale[:, None] + shift[:, None]
+            tl.store(y + offs, _narrow(out, y.dtype.element_ty), mask=mask, eviction_policy=OUTPUT_EVICT)
+
+
+@triton.jit
+def bwd_looped_kernel(
+    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, PARAM_GRADS: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """One program per (sample, group): the group sums first, then dx last
+    tile first, with PARAM_GRADS summing each channel's sum(dy * xhat) and
+    sum(dy) on the way, stored when its block's last tile in this order is
+    done (segments are whole channels: chunk = HW)."""
+    cpg = C // num_groups
+    n_segments = tl.cast(N, tl.int64) * C
+    h_steps = tl.cdiv(HW, BLOCK_HW)
+    steps = tl.cdiv(cpg, BLOCK_C) * h_steps
+    for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
+        row = tl.cast(row, tl.int64)
+        base, first, mean, rstd, mg, mgx = _looped_stats(
+            x, grad_out, weight, row, num_groups, cpg, HW, h_steps, steps, eps,
+            True, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, "", COMPUTE,
+        )  # fmt: skip
+        acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+        acc_b = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+        for i in tl.range(0, steps, num_stages=LOOP_STAGES):
+            step = steps - 1 - i
+            offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+            w = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+            xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
+            dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
+            xhat = tl.where(mask, (xv - mean) * rstd, 0.0)
+            tl.store(dx + offs, _narrow(rstd * (dy * w[:, None] - mg - xhat * mgx), dx.dtype.element_ty), mask=mask)
+            if PARAM_GRADS:
+                acc_w += dy * xhat
+                acc_b += dy
+                if step % h_steps == 0:  # the channel block's last tile in this order
+                    seg = row * cpg + ch  # n * C + channel
+                    tl.store(workspace + DWEIGHT_ROW * n_segments + seg, tl.sum(acc_w, 1), mask=c_mask)
+                    tl.store(workspace + DBIAS_ROW * n_segments + seg, tl.sum(acc_b, 1), mask=c_mask)
+                    acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+                    acc_b = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+
+
+# --- split: partials of (row, channel block, segment) items, then apply / dx
+
+
+@triton.jit
+def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, HAS_DY: tl.constexpr, BLOCK_C: tl.constexpr,
+                  BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+    """Over one segment of each channel row (rows: offsets of the channels'
+    first elements): the shift k (the segment's first element), and sum(d),
+    sum(d^2), sum(dy), sum(dy * d) with d = x - k, each of shape [BLOCK_C]."""
+    k = tl.load(x + rows + start, mask=c_mask, other=0.0).to(COMPUTE)
+    acc_d = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    acc_dd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    acc_gd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    for step in range(0, chunk, BLOCK_HW):
+        cols = start + step + tl.arange(0, BLOCK_HW)
+        mask = c_mask[:, None] & (cols < HW)[None, :]
+        offs = rows[:, None] + cols[None, :]
+        xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
+        d = tl.where(mask, xv - k[:, None], 0.0)
+        acc_d += d
+        acc_dd += d * d
+        if HAS_DY:
+            dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
             acc_g += dy
             acc_gd += dy * d
     return k, tl.sum(acc_d, 1), tl.sum(acc_dd, 1), tl.sum(acc_g, 1), tl.sum(acc_gd, 1)
 
 
 @triton.jit
-def _group_stats(PART, W, n, cs, c_mask, C, hw, cpg, chunk, splits, n_segments,
-                 BWD: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):  # fmt: skip
-    """Chan's merge, for each channel cs of sample n (int64), of the
-    cpg * splits segment partials of the channel's group, read as a
-    [BLOCK_C, BLOCK_P] tile per step at offsets from the group's first
-    partial.  Returns the group's mean and M2 and, with BWD, sum(w * sum(dy))
-    and sum(w * sum(dy * (x - mean))), each of shape [BLOCK_C]."""
-    seg_per_group = cpg * splits
-    first = (cs // cpg) * cpg  # the group's first channel
-    base = n * splits * C + first
-    size = _group_size(cpg, hw)
-    acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
-    for j0 in range(0, seg_per_group, BLOCK_P):
-        j = j0 + tl.arange(0, BLOCK_P)
-        s = tl.cast(j // cpg, tl.int64)
-        idx = base[:, None] + (s * C + j % cpg)[None, :]
-        mask = c_mask[:, None] & (j < seg_per_group)[None, :]
-        cnt = _segment_count(s, hw, chunk).to(tl.float32)[None, :]
-        acc += tl.where(mask, tl.load(PART + idx, mask=mask, other=0.0) * cnt, 0.0)
-    mean = tl.sum(acc, 1) / size
-    acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
-    acc_g = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
-    acc_gx = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
-    for j0 in range(0, seg_per_group, BLOCK_P):
-        j = j0 + tl.arange(0, BLOCK_P)
-        s = tl.cast(j // cpg, tl.int64)
-        idx = base[:, None] + (s * C + j % cpg)[None, :]
-        mask = c_mask[:, None] & (j < seg_per_group)[None, :]
-        cnt = _segment_count(s, hw, chunk).to(tl.float32)[None, :]
-        delta = tl.load(PART + idx, mask=mask, other=0.0) - mean[:, None]
-        m2 = tl.load(PART + n_segments + idx, mask=mask, other=0.0)
-        acc += tl.where(mask, m2 + cnt * delta * delta, 0.0)
-        if BWD:
-            sg = tl.load(PART + 2 * n_segments + idx, mask=mask, other=0.0)
-            sgd = tl.load(PART + 3 * n_segments + idx, mask=mask, other=0.0)
-            w = 1.0
-            if HAS_W:
-                w = tl.load(W + first[:, None] + (j % cpg)[None, :], mask=mask, other=0.0).to(tl.float32)
-            acc_g += w * sg
-            acc_gx += w * (sgd + delta * sg)  # sum(dy * (x - group mean)) over the segment
-    return mean, tl.sum(acc, 1), tl.sum(acc_g, 1), tl.sum(acc_gx, 1)
+def _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C: tl.constexpr):
+    """Of a work item: its row, the channel offsets' of its block within the
+    group and their mask, the offsets of those channels' first elements, its
+    segment, the segment's first position and its index in a segment row."""
+    row, cb, s = _item_coords(item, c_blocks, splits)
+    ch = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_mask = ch < cpg
+    return row, ch, c_mask, (row * cpg + ch) * HW, s, s * chunk
 
 
 @triton.jit
-def fwd_partials_kernel(X, PART, N, C, hw, chunk, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """PART[0] = segment mean, PART[1] = segment M2, per (n, c, segment)."""
-    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
+def fwd_partials_kernel(
+    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """Each segment's per-channel mean and M2."""
+    cpg, c_blocks, splits, _n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        n, cb, s = _item_coords(item, c_blocks, splits)
-        cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-        c_mask = cs < C
-        start = s * chunk
-        k, s1, s2, _, _ = _shifted_sums(X, X, (n * C + cs) * hw, c_mask, start, hw, chunk, False, BLOCK_C, BLOCK_HW)
-        cnt = _segment_count(s, hw, chunk).to(tl.float32)
-        seg = (n * splits + s) * C + cs
-        tl.store(PART + seg, k + s1 / cnt, mask=c_mask)
-        tl.store(PART + n_segments + seg, tl.maximum(s2 - s1 * s1 / cnt, 0.0), mask=c_mask)
+        row, ch, c_mask, rows, s, start = _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C)
+        k, s1, s2, _, _ = _shifted_sums(x, x, rows, c_mask, start, HW, chunk, False, BLOCK_C, BLOCK_HW, COMPUTE)
+        cnt = _segment_count(s, HW, chunk).to(COMPUTE)
+        seg = _segment_index(row, num_groups, cpg, C, splits, s) + ch
+        tl.store(workspace + MEAN_ROW * n_segments + seg, k + s1 / cnt, mask=c_mask)
+        tl.store(workspace + M2_ROW * n_segments + seg, tl.maximum(s2 - s1 * s1 / cnt, 0.0), mask=c_mask)
 
 
 @triton.jit
-def fwd_finalize_kernel(PART, N, C, hw, cpg, chunk, eps, BLOCK_P: tl.constexpr):
-    """STATS = PART[2:] = mean, rstd per (n, g) row (the unfused path)."""
-    splits = tl.cast(tl.cdiv(hw, chunk), tl.int64)
-    groups = C // cpg
-    n_rows = tl.cast(N, tl.int64) * groups
-    n_segments = n_rows * cpg * splits
-    STATS = PART + 2 * n_segments
-    one = tl.arange(0, 1)
+def bwd_partials_kernel(
+    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """Each segment's per-channel mean, M2, sum(dy) and sum(dy * (x - segment mean))."""
+    cpg, c_blocks, splits, _n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        row, ch, c_mask, rows, s, start = _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C)
+        k, s1, s2, sg, sgd = _shifted_sums(
+            x, grad_out, rows, c_mask, start, HW, chunk, True, BLOCK_C, BLOCK_HW, COMPUTE
+        )
+        cnt = _segment_count(s, HW, chunk).to(COMPUTE)
+        d_mean = s1 / cnt
+        seg = _segment_index(row, num_groups, cpg, C, splits, s) + ch
+        tl.store(workspace + MEAN_ROW * n_segments + seg, k + d_mean, mask=c_mask)
+        tl.store(workspace + M2_ROW * n_segments + seg, tl.maximum(s2 - s1 * d_mean, 0.0), mask=c_mask)
+        tl.store(workspace + SUM_DY_ROW * n_segments + seg, sg, mask=c_mask)
+        tl.store(workspace + SUM_DY_D_ROW * n_segments + seg, sgd - d_mean * sg, mask=c_mask)
+
+
+@triton.jit
+def fwd_finalize_kernel(
+    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """Each (sample, group)'s mean and rstd, in the two rows of one value per
+    row that start at segment row STATS_ROW (the unfused split path)."""
+    cpg, _c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, 1)
+    stats = workspace + STATS_ROW * n_segments
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        cs = (row % groups) * cpg + one
-        mean, m2, _, _ = _group_stats(
-            PART, PART, row // groups, cs, cs < C, C, hw, cpg, chunk, splits, n_segments, False, False, 1, BLOCK_P
-        )
-        tl.store(STATS + row + one, mean)
-        tl.store(STATS + n_rows + row + one, tl.math.rsqrt(m2 / _group_size(cpg, hw) + eps))
+        mean, m2, _, _ = _merge_group(
+            workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+            MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, False, BLOCK_P, COMPUTE,
+        )  # fmt: skip
+        tl.store(stats + row, mean)
+        tl.store(stats + n_rows + row, tl.math.rsqrt(m2 / _group_size(cpg, HW, COMPUTE) + eps))
+
+
+@triton.jit
+def bwd_finalize_kernel(
+    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr,
+    SUM_DY_D_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """Each (sample, group)'s mean, rstd, mean(g) and mean(g * xhat), in the
+    four rows of one value per row from segment row STATS_ROW (the unfused path)."""
+    cpg, _c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, 1)
+    stats = workspace + STATS_ROW * n_segments
+    size = _group_size(cpg, HW, COMPUTE)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(row, tl.int64)
+        mean, m2, sum_g, sum_gd = _merge_group(
+            workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+            MEAN_ROW, M2_ROW, SUM_DY_ROW, SUM_DY_D_ROW, True, HAS_W, BLOCK_P, COMPUTE,
+        )  # fmt: skip
+        rstd, mg, mgx = _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps)
+        tl.store(stats + row, mean)
+        tl.store(stats + n_rows + row, rstd)
+        tl.store(stats + 2 * n_rows + row, mg)
+        tl.store(stats + 3 * n_rows + row, mgx)
 
 
 @triton.jit
 def fwd_apply_kernel(
-    X, Y, W, B, PART, N, C, hw, cpg, chunk, eps,
-    FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
+    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
+    STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    """y = (x - mean) * rstd * w + b; the statistics merged here (FUSED) or read from STATS."""
-    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
+    """y = (x - mean) * rstd * w + b; the group's statistics merged here
+    (FUSED) or read from the finalize kernel's rows."""
+    cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
+    size = _group_size(cpg, HW, COMPUTE)
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
-        n, cb, s = _item_coords(n_items - 1 - i, c_blocks, splits)
-        cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-        c_mask = cs < C
+        row, ch, c_mask, rows, s, start = _split_item(
+            n_items - 1 - i, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C
+        )
         if FUSED:
-            mean, m2, _, _ = _group_stats(
-                PART, W, n, cs, c_mask, C, hw, cpg, chunk, splits, n_segments, False, False, BLOCK_C, BLOCK_P
-            )
-            scale = tl.math.rsqrt(m2 / _group_size(cpg, hw) + eps)
+            mean, m2, _, _ = _merge_group(
+                workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+                MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, False, BLOCK_P, COMPUTE,
+            )  # fmt: skip
+            rstd = tl.math.rsqrt(m2 / size + eps)
         else:
-            n_rows = tl.cast(N, tl.int64) * (C // cpg)
-            grp = n * (C // cpg) + cs // cpg
-            mean = tl.load(PART + 2 * n_segments + grp, mask=c_mask, other=0.0)
-            scale = tl.load(PART + 2 * n_segments + n_rows + grp, mask=c_mask, other=0.0)
-        if HAS_W:
-            scale = scale * tl.load(W + cs, mask=c_mask, other=0.0).to(tl.float32)
-        shift = tl.zeros([BLOCK_C], dtype=tl.float32)
-        if HAS_B:
-            shift = tl.load(B + cs, mask=c_mask, other=0.0).to(tl.float32)
-        rows = (n * C + cs) * hw
-        start = s * chunk
+            mean = tl.load(workspace + STATS_ROW * n_segments + row)
+            rstd = tl.load(workspace + STATS_ROW * n_segments + n_rows + row)
+        cs = (row % num_groups) * cpg + ch
+        scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * rstd
+        shift = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE) - mean * scale
         for step in range(0, chunk, BLOCK_HW):
             cols = start + step + tl.arange(0, BLOCK_HW)
-            mask = c_mask[:, None] & (cols < hw)[None, :]
+            mask = c_mask[:, None] & (cols < HW)[None, :]
             offs = rows[:, None] + cols[None, :]
-            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-            y = (x - mean[:, None]) * scale[:, None] + shift[:, None]
-            tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def bwd_partials_kernel(X, DY, PART, N, C, hw, chunk, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """PART[0..3] = segment mean, M2, sum(dy), sum(dy * (x - segment mean))."""
-    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        n, cb, s = _item_coords(item, c_blocks, splits)
-        cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-        c_mask = cs < C
-        start = s * chunk
-        k, s1, s2, sg, sgd = _shifted_sums(X, DY, (n * C + cs) * hw, c_mask, start, hw, chunk, True, BLOCK_C, BLOCK_HW)
-        cnt = _segment_count(s, hw, chunk).to(tl.float32)
-        d_mean = s1 / cnt
-        seg = (n * splits + s) * C + cs
-        tl.store(PART + seg, k + d_mean, mask=c_mask)
-        tl.store(PART + n_segments + seg, tl.maximum(s2 - s1 * d_mean, 0.0), mask=c_mask)
-        tl.store(PART + 2 * n_segments + seg, sg, mask=c_mask)
-        tl.store(PART + 3 * n_segments + seg, sgd - d_mean * sg, mask=c_mask)
-
-
-@triton.jit
-def bwd_finalize_kernel(PART, W, N, C, hw, cpg, chunk, eps, HAS_W: tl.constexpr, BLOCK_P: tl.constexpr):
-    """STATS = PART[5:] = mean, rstd, mean(g), mean(g * xhat) per (n, g) row (the unfused path)."""
-    splits = tl.cast(tl.cdiv(hw, chunk), tl.int64)
-    groups = C // cpg
-    n_rows = tl.cast(N, tl.int64) * groups
-    n_segments = n_rows * cpg * splits
-    STATS = PART + 5 * n_segments
-    size = _group_size(cpg, hw)
-    one = tl.arange(0, 1)
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        row = tl.cast(row, tl.int64)
-        cs = (row % groups) * cpg + one
-        mean, m2, sum_g, sum_gx = _group_stats(
-            PART, W, row // groups, cs, cs < C, C, hw, cpg, chunk, splits, n_segments, True, HAS_W, 1, BLOCK_P
-        )
-        rstd = tl.math.rsqrt(m2 / size + eps)
-        tl.store(STATS + row + one, mean)
-        tl.store(STATS + n_rows + row + one, rstd)
-        tl.store(STATS + 2 * n_rows + row + one, sum_g / size)
-        tl.store(STATS + 3 * n_rows + row + one, rstd * sum_gx / size)
+            xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
+            tl.store(y + offs, _narrow(xv * scale[:, None] + shift[:, None], y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def bwd_dx_kernel(
-    X, DY, DX, W, PART, N, C, hw, cpg, chunk, eps,
-    FUSED: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
+    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    FUSED: tl.constexpr, HAS_W: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
+    SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
+    STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """dx = rstd * (dy * w - mean(g) - xhat * mean(g * xhat)), the statistics
-    merged here (FUSED) or read from STATS; with HAS_W also PART[4] = each
-    segment's dweight term rstd * sum(dy * (x - mean))."""
-    c_blocks, splits, n_items, n_segments = _dims(N, C, hw, chunk, BLOCK_C)
+    merged here (FUSED) or read from the finalize kernel's rows; with
+    HAS_W also each segment's dweight term rstd * sum(dy * (x - mean)) (its
+    dbias term is the partials' sum(dy))."""
+    cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
+    size = _group_size(cpg, HW, COMPUTE)
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
-        n, cb, s = _item_coords(n_items - 1 - i, c_blocks, splits)
-        cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-        c_mask = cs < C
+        row, ch, c_mask, rows, s, start = _split_item(
+            n_items - 1 - i, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C
+        )
         if FUSED:
-            size = _group_size(cpg, hw)
-            mean, m2, sum_g, sum_gx = _group_stats(
-                PART, W, n, cs, c_mask, C, hw, cpg, chunk, splits, n_segments, True, HAS_W, BLOCK_C, BLOCK_P
-            )
-            rstd = tl.math.rsqrt(m2 / size + eps)
-            mg = sum_g / size
-            mgx = rstd * sum_gx / size
+            mean, m2, sum_g, sum_gd = _merge_group(
+                workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+                MEAN_ROW, M2_ROW, SUM_DY_ROW, SUM_DY_D_ROW, True, HAS_W, BLOCK_P, COMPUTE,
+            )  # fmt: skip
+            rstd, mg, mgx = _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps)
         else:
-            n_rows = tl.cast(N, tl.int64) * (C // cpg)
-            grp = 5 * n_segments + n * (C // cpg) + cs // cpg
-            mean = tl.load(PART + grp, mask=c_mask, other=0.0)
-            rstd = tl.load(PART + n_rows + grp, mask=c_mask, other=0.0)
-            mg = tl.load(PART + 2 * n_rows + grp, mask=c_mask, other=0.0)
-            mgx = tl.load(PART + 3 * n_rows + grp, mask=c_mask, other=0.0)
-        w = tl.full([BLOCK_C], 1.0, dtype=tl.float32)
+            stats = workspace + STATS_ROW * n_segments + row
+            mean = tl.load(stats)
+            rstd = tl.load(stats + n_rows)
+            mg = tl.load(stats + 2 * n_rows)
+            mgx = tl.load(stats + 3 * n_rows)
+        w = _channel_param(weight, (row % num_groups) * cpg + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
         if HAS_W:
-            w = tl.load(W + cs, mask=c_mask, other=0.0).to(tl.float32)
-            # Only this item writes its segments' terms; every item reads PART[0..3] only.
-            seg = (n * splits + s) * C + cs
-            mu = tl.load(PART + seg, mask=c_mask, other=0.0)
-            sg = tl.load(PART + 2 * n_segments + seg, mask=c_mask, other=0.0)
-            sgd = tl.load(PART + 3 * n_segments + seg, mask=c_mask, other=0.0)
-            tl.store(PART + 4 * n_segments + seg, rstd * (sgd + (mu - mean) * sg), mask=c_mask)
-        mean = mean[:, None]
-        rstd = rstd[:, None]
-        mg = mg[:, None]
-        mgx = mgx[:, None]
-        rows = (n * C + cs) * hw
-        start = s * chunk
+            # Only this item writes its segments' terms; every item reads the partial rows only.
+            seg = _segment_index(row, num_groups, cpg, C, splits, s) + ch
+            mean_c = tl.load(workspace + MEAN_ROW * n_segments + seg, mask=c_mask, other=0.0)
+            sg = tl.load(workspace + SUM_DY_ROW * n_segments + seg, mask=c_mask, other=0.0)
+            sgd = tl.load(workspace + SUM_DY_D_ROW * n_segments + seg, mask=c_mask, other=0.0)
+            tl.store(workspace + DWEIGHT_ROW * n_segments + seg, rstd * (sgd + (mean_c - mean) * sg), mask=c_mask)
         for step in range(0, chunk, BLOCK_HW):
             cols = start + step + tl.arange(0, BLOCK_HW)
-            mask = c_mask[:, None] & (cols < hw)[None, :]
+            mask = c_mask[:, None] & (cols < HW)[None, :]
             offs = rows[:, None] + cols[None, :]
-            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-            xhat = (x - mean) * rstd
-            dx = rstd * (dy * w[:, None] - mg - xhat * mgx)
-            tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+            xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
+            dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
+            dxv = rstd * (dy * w[:, None] - mg - (xv - mean) * rstd * mgx)
+            tl.store(dx + offs, _narrow(dxv, dx.dtype.element_ty), mask=mask)
+
+
+# --- dweight / dbias
 
 
 @triton.jit
-def channel_reduce_kernel(
-    PART, DW, DB, n_part_rows, C,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, W_ROW: tl.constexpr, B_ROW: tl.constexpr,
+def reduce_param_grads_kernel(
+    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Column sums of the (N * splits, C) partials in a fixed order:
-    dweight from PART[W_ROW], dbias from PART[B_ROW]."""
-    n_segments = tl.cast(n_part_rows, tl.int64) * C
+    """dweight and dbias: the column sums of the (N * splits, C) rows
+    DWEIGHT_ROW and DBIAS_ROW, in a fixed order, in the workspace's dtype."""
+    n_part_rows = tl.cast(N, tl.int64) * tl.cdiv(HW, chunk)
+    n_segments = n_part_rows * C
     for cb in tl.range(tl.program_id(0), tl.cdiv(C, BLOCK_C), tl.num_programs(0)):
         cs = tl.cast(cb, tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         c_mask = cs < C
-        acc_w = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-        acc_b = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+        acc_w = tl.zeros([BLOCK_R, BLOCK_C], dtype=workspace.dtype.element_ty)
+        acc_b = tl.zeros([BLOCK_R, BLOCK_C], dtype=workspace.dtype.element_ty)
         for r0 in range(0, n_part_rows, BLOCK_R):
-            rs = tl.cast(r0, tl.int64) + tl.arange(0, BLOCK_R)
+            rs = r0 + tl.arange(0, BLOCK_R)
             mask = (rs < n_part_rows)[:, None] & c_mask[None, :]
             offs = rs[:, None] * C + cs[None, :]
             if HAS_W:
-                acc_w += tl.load(PART + W_ROW * n_segments + offs, mask=mask, other=0.0)
+                acc_w += tl.load(workspace + DWEIGHT_ROW * n_segments + offs, mask=mask, other=0.0)
             if HAS_B:
-                acc_b += tl.load(PART + B_ROW * n_segments + offs, mask=mask, other=0.0)
+                acc_b += tl.load(workspace + DBIAS_ROW * n_segments + offs, mask=mask, other=0.0)
         if HAS_W:
-            tl.store(DW + cs, tl.sum(acc_w, 0).to(DW.dtype.element_ty), mask=c_mask)
+            tl.store(dweight + cs, _narrow(tl.sum(acc_w, 0), dweight.dtype.element_ty), mask=c_mask)
         if HAS_B:
-            tl.store(DB + cs, tl.sum(acc_b, 0).to(DB.dtype.element_ty), mask=c_mask)
+            tl.store(dbias + cs, _narrow(tl.sum(acc_b, 0), dbias.dtype.element_ty), mask=c_mask)

@@ -2,8 +2,11 @@
 
 x has shape (N, C, *); the statistics of each (sample, group) pair run over
 C // G channels and every spatial position, with the biased variance.  Math
-runs in float32 (float64 when given float64); y comes back in x's dtype and
-dweight / dbias in the dtype of weight / bias.
+runs in float32 (float64 when x is float64), whatever the parameters'
+dtypes; y comes back in x's dtype and dweight / dbias in the dtype of
+weight / bias.  Both functions are built from differentiable torch ops, so
+autograd through ``backward`` gives exact second-order gradients
+(registrations/group_norm.py makes the backward op differentiable that way).
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ row (scalar statistics) and a 2-D tile of rows (statistics of shape [M, 1]).
 
 Backward kernels write one partial row per program into ``partials``
 (layout: ``PARTIAL_FIELDS``); ``reduce_param_grads_kernel`` sums them in
-program order, so gradients are deterministic (no atomics).
+program order, so gradients are deterministic (no atomics).  A backward of
+one program (small inputs: a launch saved on the host) writes dweight and
+dbias itself (DIRECT_GRADS).
 """
 
 import triton
@@ -148,21 +150,39 @@ def fwd_blocked_kernel(
 
 
 @triton.jit
-def _store_partials(partials, dw1, dw2, dw3, db):
-    """This program's row of ``partials``, in PARTIAL_FIELDS order."""
-    row = partials + tl.program_id(0) * N_PARTIALS
-    tl.store(row, dw3)
-    tl.store(row + 1, dw2)
-    tl.store(row + 2, dw1)
-    tl.store(row + 3, db)
+def _narrow(v, ty: tl.constexpr):
+    """v converted to ty; float64 reaches 16-bit types through float32 (the
+    interpreter's direct float64 -> bfloat16 cast gives garbage)."""
+    if ty != tl.float64:
+        v = v.to(tl.float32)
+    return v.to(ty)
+
+
+@triton.jit
+def _store_partials(partials, dweight, dbias, dw1, dw2, dw3, db, DIRECT_GRADS: tl.constexpr):
+    """This program's row of ``partials``, in PARTIAL_FIELDS order; or, when
+    the grid is one program (DIRECT_GRADS), dweight and dbias themselves."""
+    if DIRECT_GRADS:
+        ty = dweight.dtype.element_ty
+        tl.store(dweight, _narrow(dw3, ty))
+        tl.store(dweight + 1, _narrow(dw2, ty))
+        tl.store(dweight + 2, _narrow(dw1, ty))
+        tl.store(dbias, _narrow(db, dbias.dtype.element_ty))
+    else:
+        row = partials + tl.program_id(0) * N_PARTIALS
+        tl.store(row, dw3)
+        tl.store(row + 1, dw2)
+        tl.store(row + 2, dw1)
+        tl.store(row + 3, db)
 
 
 @triton.jit
 def bwd_tile_kernel(
-    grad_out, x, weight, dx, partials,
+    grad_out, x, weight, dx, partials, dweight, dbias,
     stride_dy_row, stride_dy_col, stride_x_row, stride_x_col, stride_dx_row,
     n_rows, n_cols, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
+    DIRECT_GRADS: tl.constexpr,
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK_N)[None, :]
     inv_n = _inv_n(n_cols, COMPUTE)
@@ -194,15 +214,15 @@ def bwd_tile_kernel(
         dw2 += tl.sum(r2 * s2)
         dw3 += tl.sum(r3 * s3)
         db += tl.sum(dy)
-    _store_partials(partials, dw1, dw2, dw3, db)
+    _store_partials(partials, dweight, dbias, dw1, dw2, dw3, db, DIRECT_GRADS)
 
 
 @triton.jit
 def bwd_blocked_kernel(
-    grad_out, x, weight, dx, partials,
+    grad_out, x, weight, dx, partials, dweight, dbias,
     stride_dy_row, stride_dy_col, stride_x_row, stride_x_col, stride_dx_row,
     n_rows, n_cols, eps,
-    BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr, DIRECT_GRADS: tl.constexpr,
 ):  # fmt: skip
     inv_n = _inv_n(n_cols, COMPUTE)
     w3, w2, w1, _ = _load_params(weight, weight, COMPUTE)
@@ -247,7 +267,7 @@ def bwd_blocked_kernel(
         dw2 += r2 * s2
         dw3 += r3 * s3
         db += sum_dy
-    _store_partials(partials, dw1, dw2, dw3, db)
+    _store_partials(partials, dweight, dbias, dw1, dw2, dw3, db, DIRECT_GRADS)
 
 
 @triton.jit
@@ -259,10 +279,7 @@ def reduce_param_grads_kernel(partials, dweight, dbias, n_programs, BLOCK_P: tl.
     for start in range(0, n_programs, BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)[:, None]
         acc += tl.load(partials + rows * N_PARTIALS + fields[None, :], mask=rows < n_programs, other=0.0)
-    # float64 sums (float64 x) reach 16-bit parameters through float32: the
-    # interpreter's direct float64 -> bfloat16 cast gives garbage.
     sums = tl.sum(acc, axis=0)
-    if dweight.dtype.element_ty != tl.float64:
-        sums = sums.to(tl.float32)
-    tl.store(dweight + fields, sums.to(dweight.dtype.element_ty), mask=fields < 3)
-    tl.store(dbias + fields - 3, sums.to(dbias.dtype.element_ty), mask=fields == 3)
+    tl.store(dweight + fields, _narrow(sums, dweight.dtype.element_ty), mask=fields < 3)
+    # dbias as a scalar: triton-ascend rejects the masked-off negative offsets of dbias + fields - 3.
+    tl.store(dbias, _narrow(tl.sum(tl.where(fields == 3, sums, 0.0)), dbias.dtype.element_ty))

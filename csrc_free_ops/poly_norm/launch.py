@@ -16,7 +16,7 @@ import triton.language as tl
 from csrc_free_ops import device
 from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.launcher import Launcher
-from csrc_free_ops.poly_norm import kernels, plan
+from csrc_free_ops.poly_norm import kernels, plan, reference
 from csrc_free_ops.poly_norm.plan import Plan
 
 # Most partial rows the reduction reads per step.
@@ -28,28 +28,28 @@ def _compute(x: torch.Tensor) -> tuple[tl.dtype, torch.dtype]:
     return (tl.float64, torch.float64) if x.dtype == torch.float64 else (tl.float32, torch.float32)
 
 
-def _options(p: Plan) -> dict:
-    return {} if p.num_warps is None else {"num_warps": p.num_warps}
+def _options(num_warps: int | None) -> dict:
+    """Launch options: num_warps where the plan sets it (never on the NPU)."""
+    return {} if num_warps is None else {"num_warps": num_warps}
 
 
 @functools.lru_cache(maxsize=256)
 def _launcher(backward: bool, p: Plan, grid_stride: bool, compute: tl.dtype) -> Launcher:
-    meta = {"COMPUTE": compute, **_options(p)}
+    meta = {"COMPUTE": compute, **_options(p.num_warps)}
+    if backward:
+        meta["DIRECT_GRADS"] = p.programs == 1
     if not p.whole_rows:
         kernel = kernels.bwd_blocked_kernel if backward else kernels.fwd_blocked_kernel
         return Launcher(kernel, BLOCK_N=p.block_n, **meta)
+    tile = {"BLOCK_M": p.block_m, "BLOCK_N": p.block_n}
     if backward:
-        return Launcher(
-            kernels.bwd_tile_kernel, BLOCK_M=p.block_m, BLOCK_N=p.block_n, LOOP_STAGES=p.loop_stages, **meta
-        )
-    return Launcher(kernels.fwd_tile_kernel, BLOCK_M=p.block_m, BLOCK_N=p.block_n, GRID_STRIDE=grid_stride, **meta)
+        return Launcher(kernels.bwd_tile_kernel, **tile, LOOP_STAGES=p.loop_stages, **meta)
+    return Launcher(kernels.fwd_tile_kernel, **tile, GRID_STRIDE=grid_stride, **meta)
 
 
 @functools.lru_cache(maxsize=64)
 def _reduce_launcher(block_p: int, num_warps: int | None) -> Launcher:
-    return Launcher(
-        kernels.reduce_param_grads_kernel, BLOCK_P=block_p, **({} if num_warps is None else {"num_warps": num_warps})
-    )
+    return Launcher(kernels.reduce_param_grads_kernel, BLOCK_P=block_p, **_options(num_warps))
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -58,6 +58,11 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         return t, t.shape[-1], 1
     t2d = t.reshape(-1, t.shape[-1])
     return t2d, t2d.stride(0), t2d.stride(1)
+
+
+def _output_like(x: torch.Tensor, contiguous: bool) -> torch.Tensor:
+    """A contiguous tensor of x's shape and dtype (empty_like is the cheaper call on the host)."""
+    return torch.empty_like(x) if contiguous else torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -72,10 +77,10 @@ def _sizes(x: torch.Tensor) -> tuple[int, int]:
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: Plan) -> torch.Tensor:
     n_rows, n_cols = _sizes(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    src, stride_row, stride_col = _rows(x)
+    y = _output_like(x, stride_col == 1 and src is x)
     if n_rows == 0:
         return y
-    src, stride_row, stride_col = _rows(x)
     args = (src, _contiguous(weight), bias, y, stride_row, stride_col, n_cols, n_rows, n_cols, eps)
     _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0])(p.programs, *args)
     return y
@@ -86,21 +91,25 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight (3,), dbias (1,)); dx in x's dtype, dweight and dbias in weight's."""
     n_rows, n_cols = _sizes(x)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if n_rows == 0:
-        zeros = torch.zeros(4, dtype=weight.dtype, device=x.device)
-        return dx, zeros[:3].clone(), zeros[3:].clone()
-    compute, partial_dtype = _compute(x)
-    # Every program stores its row, so the buffer needs no zeroing.
-    partials = torch.empty((p.programs, kernels.N_PARTIALS.value), dtype=partial_dtype, device=x.device)
-    dy, dy_row, dy_col = _rows(grad_out)
     src, x_row, x_col = _rows(x)
-    args = (dy, src, _contiguous(weight), dx, partials, dy_row, dy_col, x_row, x_col, n_cols, n_rows, n_cols, eps)
-    _launcher(True, p, True, compute)(p.programs, *args)
+    dx = _output_like(x, x_col == 1 and src is x)
+    # Separate allocations: views of one buffer would make the op's outputs alias each other.
     dweight = torch.empty(3, dtype=weight.dtype, device=x.device)
     dbias = torch.empty(1, dtype=weight.dtype, device=x.device)
-    block_p = min(next_pow2(p.programs), MAX_REDUCE_BLOCK)
-    _reduce_launcher(block_p, p.num_warps)(1, partials, dweight, dbias, p.programs)
+    if n_rows == 0:
+        return dx, dweight.zero_(), dbias.zero_()
+    compute, partial_dtype = _compute(x)
+    dy, dy_row, dy_col = _rows(grad_out)
+    # Every program stores its row, so the buffer needs no zeroing; one program writes the gradients itself.
+    direct = p.programs == 1
+    partials = dweight if direct else torch.empty((p.programs, kernels.N_PARTIALS.value), dtype=partial_dtype,
+                                                  device=x.device)  # fmt: skip
+    args = (dy, src, _contiguous(weight), dx, partials, dweight, dbias,
+            dy_row, dy_col, x_row, x_col, n_cols, n_rows, n_cols, eps)  # fmt: skip
+    _launcher(True, p, True, compute)(p.programs, *args)
+    if not direct:
+        block_p = min(next_pow2(p.programs), MAX_REDUCE_BLOCK)
+        _reduce_launcher(block_p, p.num_warps)(1, partials, dweight, dbias, p.programs)
     return dx, dweight, dbias
 
 
@@ -109,14 +118,14 @@ def backward(
 
 def cuda_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     n_rows, n_cols = _sizes(x)
-    return forward(x, weight, bias, eps, plan.cuda(n_rows, n_cols, False, device.num_sms(x.device)))
+    return forward(x, weight, bias, eps, plan.cuda(n_rows, n_cols, False, device.sms_of(x)))
 
 
 def cuda_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n_rows, n_cols = _sizes(x)
-    return backward(grad_out, x, weight, eps, plan.cuda(n_rows, n_cols, True, device.num_sms(x.device)))
+    return backward(grad_out, x, weight, eps, plan.cuda(n_rows, n_cols, True, device.sms_of(x)))
 
 
 def _npu_plan(x: torch.Tensor, backward: bool) -> Plan:
@@ -124,11 +133,26 @@ def _npu_plan(x: torch.Tensor, backward: bool) -> Plan:
     return plan.npu(n_rows, n_cols, x.element_size(), backward, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
+def _unit_column_stride(t: torch.Tensor) -> torch.Tensor:
+    """t, copied when its last dim is not unit-stride: triton-ascend then compiles
+    the row loads as gathers that need 2-5x the UB the plan budgets (bishengir:
+    ub overflow at every planned tile), where a stride of 1 is specialized away."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on Ascend", the Ascend compile
+# check): float64 on the NPU runs the pure-PyTorch reference there instead.
+
+
 def npu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    return forward(x, weight, bias, eps, _npu_plan(x, False))
+    if x.dtype == torch.float64:
+        return reference.forward(x, weight, bias, eps)
+    return forward(_unit_column_stride(x), weight, bias, eps, _npu_plan(x, False))
 
 
 def npu_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward(grad_out, x, weight, eps, _npu_plan(x, True))
+    if x.dtype == torch.float64:
+        return reference.backward(grad_out, x, weight, eps)
+    return backward(_unit_column_stride(grad_out), _unit_column_stride(x), weight, eps, _npu_plan(x, True))

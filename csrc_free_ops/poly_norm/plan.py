@@ -16,10 +16,12 @@ unified buffer (UB) instead of registers, no num_warps / num_stages:
   kernel with 2-D tiles of BLOCK_M rows x the whole row;
 * large rows: the column-blocked kernel, so the UB never overflows.
 
-NPU UB cost model.  Half the UB is the budget, since triton-ascend
-double-buffers loads.  A tile element costs its inputs in their dtype plus
-the compute-dtype (float32, float64 for float64 x) temporaries the kernel
-keeps live at once:
+NPU UB cost model.  The whole UB is the budget: the multi-buffering
+bishengir adds is inside its own UB plan, which fits tiles twice the size a
+half-UB budget gave and overflows at the next power of two (the Ascend
+compile check, docs/npu.md).  A tile element costs its inputs in their dtype
+plus the compute-dtype (float32, float64 for float64 x) temporaries the
+kernel keeps live at once:
   forward:  1 input  + 4 temporaries (x, x^2, a product, y)
   backward: 2 inputs + 6 temporaries (x, dy, x^2, x^3, a product, dx)
 Tile elements = budget // bytes-per-element, rounded down to a power of two.
@@ -44,12 +46,19 @@ COL_BLOCK = 4096
 BWD_LOOP_STAGES = 3
 # Backward programs per SM, the most the policy uses (enough rows in flight to hide latency).
 BWD_PROGRAMS_PER_SM = 16
+# Backwards of at most this many (padded) elements run as one program, which then writes
+# dweight/dbias itself: on the H200 host a launch and an allocation cost ~25 us, more than one
+# SM takes for 16 rows of x and dy.
+BWD_ONE_PROGRAM_ELEMENTS = 16 * 1024
 
 # --- NPU policy
 NPU_SMALL_ROW_MAX_COLS = 2048
 NPU_MAX_BLOCK_M = 64
 NPU_FWD_TEMPS = 4
 NPU_BWD_TEMPS = 6
+# The pipelining depth of the backward row loop (tl.range): triton-ascend (Triton 3.2)
+# cannot lower None, the "compiler's default".
+NPU_LOOP_STAGES = 1
 
 
 @dataclass(frozen=True)
@@ -92,14 +101,14 @@ def cuda(n_rows: int, n_cols: int, backward: bool, sms: int) -> Plan:
     if not backward:
         return Plan(whole_rows, 1, block, n_rows, _cuda_fwd_warps(block))
     per_sm = BWD_PROGRAMS_PER_SM // 2 if block <= 4096 else BWD_PROGRAMS_PER_SM
-    programs = max(1, min(n_rows, sms * per_sm))
+    programs = 1 if n_rows * block <= BWD_ONE_PROGRAM_ELEMENTS else max(1, min(n_rows, sms * per_sm))
     return Plan(whole_rows, 1, block, programs, _cuda_bwd_warps(block), BWD_LOOP_STAGES)
 
 
 def npu_tile_elements(backward: bool, itemsize: int, compute_itemsize: int, ub_bytes: int) -> int:
-    """Largest power-of-two tile that fits half the UB under the cost model."""
+    """Largest power-of-two tile that fits the UB under the cost model."""
     n_inputs, temps = (2, NPU_BWD_TEMPS) if backward else (1, NPU_FWD_TEMPS)
-    return prev_pow2(ub_bytes // 2 // (n_inputs * itemsize + compute_itemsize * temps))
+    return prev_pow2(ub_bytes // (n_inputs * itemsize + compute_itemsize * temps))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -109,5 +118,5 @@ def npu(n_rows: int, n_cols: int, itemsize: int, backward: bool, ub_bytes: int, 
     block_n = next_pow2(n_cols)
     if n_cols <= NPU_SMALL_ROW_MAX_COLS and block_n <= tile:
         block_m = min(NPU_MAX_BLOCK_M, tile // block_n, next_pow2(n_rows))
-        return Plan(True, block_m, block_n, min(cores, cdiv(n_rows, block_m)))
-    return Plan(False, 1, min(block_n, tile), min(cores, n_rows))
+        return Plan(True, block_m, block_n, min(cores, cdiv(n_rows, block_m)), loop_stages=NPU_LOOP_STAGES)
+    return Plan(False, 1, min(block_n, tile), min(cores, n_rows), loop_stages=NPU_LOOP_STAGES)

@@ -144,11 +144,13 @@ def _load_pairs(x, heads_mask, stride_d, half, BLOCK_H: tl.constexpr, BLOCK_HALF
     pairs = tl.arange(0, BLOCK_HALF).to(tl.int64)[None, :]
     mask = heads_mask & (pairs < half)
     if PAIRS:  # strided loads (the NPU plan)
-        lo = tl.load(x + 2 * pairs * stride_d, mask=mask, other=0.0).to(COMPUTE)
-        hi = tl.load(x + (2 * pairs + 1) * stride_d, mask=mask, other=0.0).to(COMPUTE)
+        lo_ptr = x + 2 * pairs * stride_d
+        hi_offset = stride_d
     else:
-        lo = tl.load(x + pairs * stride_d, mask=mask, other=0.0).to(COMPUTE)
-        hi = tl.load(x + (pairs + half) * stride_d, mask=mask, other=0.0).to(COMPUTE)
+        lo_ptr = x + pairs * stride_d
+        hi_offset = half * stride_d
+    lo = tl.load(lo_ptr, mask=mask, other=0.0).to(COMPUTE)
+    hi = tl.load(lo_ptr + hi_offset, mask=mask, other=0.0).to(COMPUTE)
     return lo, hi
 
 
@@ -163,11 +165,13 @@ def _store_pairs(y, lo, hi, heads_mask, stride_d, half, BLOCK_H: tl.constexpr, B
         pairs = tl.arange(0, BLOCK_HALF).to(tl.int64)[None, :]
         mask = heads_mask & (pairs < half)
         if PAIRS:
-            _store(y + 2 * pairs * stride_d, lo, mask)
-            _store(y + (2 * pairs + 1) * stride_d, hi, mask)
+            lo_ptr = y + 2 * pairs * stride_d
+            hi_offset = stride_d
         else:
-            _store(y + pairs * stride_d, lo, mask)
-            _store(y + (pairs + half) * stride_d, hi, mask)
+            lo_ptr = y + pairs * stride_d
+            hi_offset = half * stride_d
+        _store(lo_ptr, lo, mask)
+        _store(lo_ptr + hi_offset, hi, mask)
 
 
 @triton.jit

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from csrc_free_ops import device
 from csrc_free_ops.launcher import Launcher, scalar_specialization
-from csrc_free_ops.rope import kernels, plan
+from csrc_free_ops.rope import kernels, plan, reference
 from csrc_free_ops.rope.plan import Plan, Problem
 
 # Layouts whose kernel arguments are kept (a bound on the cache's memory).
@@ -161,8 +161,8 @@ def kernel_args(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out:
 
 
 class Layout(NamedTuple):
-    """A call's tensors and scalar kernel arguments (KernelArgs split after
-    the tensors), with the scalars' Triton specialization."""
+    """A call's scalar kernel arguments (KernelArgs after the tensors), with
+    the scalars' Triton specialization."""
 
     scalars: tuple
     scalar_key: int
@@ -171,44 +171,21 @@ class Layout(NamedTuple):
         return self.scalars[KernelArgs._fields.index(name) - N_TENSORS]
 
 
-_LAYOUTS: dict[tuple, Layout] = {}
-
-
-def _key(t: Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride())
-
-
 def layout(q, k, q_out, k_out, cos, sin, position_ids=None, cu_seqlens=None, mrope_section=None) -> Layout:
-    """The Layout of these arguments (q, k: (B, H, S, D) or None), cached by
-    the shapes and strides it is made from (training repeats them call after
-    call)."""
-    key = (_key(q), _key(k), _key(q_out), _key(k_out), _key(cos), _key(sin), _key(position_ids),
-           _key(cu_seqlens), None if mrope_section is None else tuple(mrope_section))  # fmt: skip
-    found = _LAYOUTS.get(key)
-    if found is None:
-        if len(_LAYOUTS) >= MAX_LAYOUTS:
-            _LAYOUTS.clear()
-        args = kernel_args(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)
-        scalars = tuple(args[N_TENSORS:])
-        found = _LAYOUTS[key] = Layout(scalars, scalar_specialization(scalars))
-    return found
+    """The Layout of these arguments (q, k: (B, H, S, D) or None)."""
+    scalars = tuple(kernel_args(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)[N_TENSORS:])
+    return Layout(scalars, scalar_specialization(scalars))
+
+
+# The kernel's POSITIONS and MROPE constexprs as plain ints.
+_GATHERED, _POSITION_IDS, _CU_SEQLENS = kernels.GATHERED.value, kernels.POSITION_IDS.value, kernels.CU_SEQLENS.value
+_MROPE = {None: kernels.NO_MROPE.value, False: kernels.MROPE_SECTIONS.value, True: kernels.MROPE_INTERLEAVED.value}
 
 
 def _compute(q: Tensor | None, k: Tensor | None) -> tl.dtype:
     """float64 math when q or k is float64, else float32."""
-    return tl.float64 if torch.float64 in (getattr(q, "dtype", None), getattr(k, "dtype", None)) else tl.float32
-
-
-def _positions(position_ids: Tensor | None, cu_seqlens: Tensor | None) -> int:
-    if cu_seqlens is not None:
-        return kernels.CU_SEQLENS.value
-    return kernels.GATHERED.value if position_ids is None else kernels.POSITION_IDS.value
-
-
-def _mrope(mrope_section: list[int] | None, mrope_interleaved: bool) -> int:
-    if mrope_section is None:
-        return kernels.NO_MROPE.value
-    return (kernels.MROPE_INTERLEAVED if mrope_interleaved else kernels.MROPE_SECTIONS).value
+    f64 = torch.float64
+    return tl.float64 if (q is not None and q.dtype == f64) or (k is not None and k.dtype == f64) else tl.float32
 
 
 @functools.lru_cache(maxsize=512)
@@ -229,6 +206,43 @@ def _launcher(
     )  # fmt: skip
 
 
+class Prepared(NamedTuple):
+    """What a call launches: the kernel with its constexprs (None: nothing to
+    rotate) and the scalar arguments with their specialization."""
+
+    run: Launcher | None
+    scalars: tuple
+    scalar_key: int
+
+
+def _prepare(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p,
+             backward, in_place) -> Prepared:  # fmt: skip
+    lay = layout(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)
+    n_rows, n_qh, n_kh = lay.arg("n_rows"), lay.arg("n_qh"), lay.arg("n_kh")
+    if n_rows == 0 or n_qh + n_kh == 0:
+        return Prepared(None, lay.scalars, lay.scalar_key)
+    rot_dim, head_dim = lay.arg("rot_dim"), lay.arg("head_dim")
+    x_pairs, y_pairs = PAIRS[pairs]
+    if backward:  # reads dy in the forward's output layout, writes dx in its input layout
+        x_pairs, y_pairs = y_pairs, x_pairs
+    positions = _CU_SEQLENS if cu_seqlens is not None else _GATHERED if position_ids is None else _POSITION_IDS
+    run = _launcher(
+        p.block_qh, p.block_kh, p.num_warps, p.block_seqs, p.split_pairs, plan.block_half(rot_dim),
+        plan.block_pass(head_dim, rot_dim), p.walks_rows(n_rows), p.heads_fit(n_qh, n_kh),
+        not in_place and rot_dim < head_dim, backward, x_pairs, y_pairs, x_pairs if backward else y_pairs, positions,
+        _MROPE[None if mrope_section is None else bool(mrope_interleaved)], _compute(q, k),
+    )  # fmt: skip
+    return Prepared(run, lay.scalars, lay.scalar_key)
+
+
+# Prepared calls, by what they are made from (training repeats them call after call).
+_PREPARED: dict[tuple, Prepared] = {}
+
+
+def _key(t: Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype
+
+
 def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tensor | None, cos: Tensor, sin: Tensor,
            p: Plan, *, backward: bool, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
            pairs: str = "halves", mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
@@ -238,25 +252,23 @@ def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tens
     either may be None.  Out of place, partial rotary also copies the dims it
     leaves unchanged."""
     in_place = q_out is q if q is not None else k_out is k
-    q, k, q_out, k_out = heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out)
-    lay = layout(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)
-    n_rows, n_qh, n_kh = lay.arg("n_rows"), lay.arg("n_qh"), lay.arg("n_kh")
-    if n_rows == 0 or n_qh + n_kh == 0:
-        return
-    rot_dim, head_dim = lay.arg("rot_dim"), lay.arg("head_dim")
-    copy_pass = not in_place and rot_dim < head_dim
-    x_pairs, y_pairs = PAIRS[pairs]
-    if backward:  # reads dy in the forward's output layout, writes dx in its input layout
-        x_pairs, y_pairs = y_pairs, x_pairs
-    table_pairs = x_pairs if backward else y_pairs
-    run = _launcher(
-        p.block_qh, p.block_kh, p.num_warps, p.block_seqs, p.split_pairs, plan.block_half(rot_dim),
-        plan.block_pass(head_dim, rot_dim), p.walks_rows(n_rows), p.heads_fit(n_qh, n_kh), copy_pass, backward,
-        x_pairs, y_pairs, table_pairs, _positions(position_ids, cu_seqlens), _mrope(mrope_section, mrope_interleaved),
-        _compute(q, k),
+    if (q if q is not None else k).dim() == 3:
+        q, k, q_out, k_out = heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out)
+    key = (
+        _key(q), None if k is None else _key(k), q_out.stride() if q_out is not None else None,
+        k_out.stride() if k_out is not None else None, cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype,
+        None if position_ids is None else _key(position_ids), None if cu_seqlens is None else _key(cu_seqlens),
+        pairs, None if mrope_section is None else tuple(mrope_section), mrope_interleaved, p, backward, in_place,
     )  # fmt: skip
-    tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
-    run.launch(p.programs, tensors, lay.scalars, lay.scalar_key)
+    prepared = _PREPARED.get(key)
+    if prepared is None:
+        if len(_PREPARED) >= MAX_LAYOUTS:
+            _PREPARED.clear()
+        prepared = _PREPARED[key] = _prepare(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, pairs,
+                                             mrope_section, mrope_interleaved, p, backward, in_place)  # fmt: skip
+    if prepared.run is not None:
+        tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
+        prepared.run.launch(p.programs, tensors, prepared.scalars, prepared.scalar_key)
 
 
 def _empty_like(x: Tensor | None) -> Tensor | None:
@@ -313,8 +325,20 @@ def _partial(q: Tensor | None, k: Tensor | None, cos: Tensor) -> bool:
     return cos.shape[-1] < (q if q is not None else k).shape[-1]
 
 
+_CUDA_PLANS: dict[tuple, Plan] = {}
+
+
 def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
-    return plan.cuda(problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section))
+    """plan.cuda of this call's Problem, kept by what the Problem is made of."""
+    key = (q.shape, q.dtype, None if k is None else (k.shape, k.dtype), cos.shape[-1], cos.dtype, sin.dtype,
+           copy_pass, None if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is None)  # fmt: skip
+    found = _CUDA_PLANS.get(key)
+    if found is None:
+        if len(_CUDA_PLANS) >= MAX_LAYOUTS:
+            _CUDA_PLANS.clear()
+        problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section)
+        found = _CUDA_PLANS[key] = plan.cuda(problem_)
+    return found
 
 
 def _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
@@ -346,9 +370,19 @@ def cuda_forward_(
              mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
+# triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on Ascend", the Ascend compile
+# check): float64 data or tables on the NPU run the pure-PyTorch reference there instead.
+
+
+def _float64(*tensors: Tensor | None) -> bool:
+    return any(t is not None and t.dtype == torch.float64 for t in tensors)
+
+
 def npu_forward(
     q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
 ):
+    if _float64(q, k, cos, sin):
+        return reference.forward(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
     p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
     return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
@@ -357,6 +391,8 @@ def npu_forward(
 def npu_backward(
     dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
 ):
+    if _float64(dq, dk, cos, sin):
+        return reference.backward(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
     p = _npu_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
     return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
                     mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
@@ -365,6 +401,9 @@ def npu_backward(
 def npu_forward_(
     q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
 ) -> None:
+    if _float64(q, k, cos, sin):
+        reference.forward_(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+        return
     p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, False)
     forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
              mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip

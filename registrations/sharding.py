@@ -1,0 +1,340 @@
+"""DTensor sharding rules of every ``torch.ops.liger`` op and backward op.
+
+Mechanism (works alike on torch 2.11 and 2.13, whose sources for it are
+the same):
+
+* ``torch.distributed.tensor.experimental.register_sharding`` for every op
+  whose local call is the global call on local shards: poly_norm(_backward),
+  rope(_backward) and group_norm(_backward).  It is the public API for custom
+  ops.  A rule lists acceptable shardings over one mesh dimension (output
+  placements, input placements); DTensor expands them to N-D meshes, picks
+  the cheapest for the inputs at hand and redistributes the inputs to it.
+  Inputs in no listed sharding (e.g. poly_norm's x sharded on its last dim)
+  are redistributed to a listed one, so the answer is right, never wrong.
+* A DTensor op handler (``DTensor._op_dispatcher._custom_op_handlers``, the
+  hook torch's own convolution uses; DTensor's C++ dispatch consults it
+  first in both versions) where the local call needs different arguments:
+  - group_norm(_backward) sharded on channels: each shard holds whole groups
+    and must be called with the number of groups it holds.  The handler runs
+    DTensor's normal propagation with the rule below and only rewrites
+    ``num_groups`` for the local call to local channels / channels per
+    group.  (torch 2.13 has a scalar-argument adjuster for aten's
+    group_norm, torch 2.11 has none; ``torch.library.register_torch_dispatch``
+    is not consulted for DTensor since its dispatch moved to C++.)
+  - rope_ (in place): q and k cannot be redistributed (the op writes into
+    them), so the handler accepts the placements they have when rope allows
+    them (below), brings cos/sin to match, rotates the local shards in place,
+    and raises ValueError naming the placements otherwise.
+
+Rules are keyed by the schema's argument names, so they read arguments
+passed by position or keyword alike.  A tensor argument a rule does not
+know (an argument added to an op later) leaves only the fully replicated
+sharding: right, never wrong, until the rule learns it.
+
+Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
+* poly_norm: x S(d) for any d but the last, weight/bias R -> y S(d).
+  Backward: grad_out, x S(d) -> dx S(d), dweight/dbias P.
+* rope / rope_backward, q/k (B, H, S, D): both S(0) (batch; cos/sin S(0)
+  when they have a batch dim of size > 1, else R); S(1) on q, k or both
+  (heads, any head counts: each head is rotated alone; cos/sin R); both S(2)
+  (sequence; cos/sin S on their sequence dim, the second to last).  Outputs
+  keep q's and k's placements.  Packed tokens (T, H, D): S(0) is the
+  sequence axis, S(1) the heads.  With position_ids, the (max_pos, R) tables
+  are R and position_ids follows q/k's batch (when it has a batch dim of size
+  > 1) and sequence dims; with cu_seqlens (each token's sequence start is
+  global) only the heads axis is sharded, cu_seqlens R.  k None: q alone.
+* group_norm: x S(0) (batch, any rank), weight/bias R -> y S(0); backward
+  dx S(0), dweight/dbias P.  x S(1) (channels) with weight/bias S(0) when
+  every shard holds whole groups, i.e. num_groups divisible by the mesh's
+  size (so any split of the channels over any of its dims is even) -> y S(1),
+  dweight/dbias S(0).  Other channel splits and spatial shards are
+  redistributed.
+* rope_: per mesh dim, (q, k) placed as rope allows above, or Partial
+  sum/avg (rotation is linear), the other R.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.distributed.tensor.experimental import register_sharding
+from torch.utils import _pytree as pytree
+
+from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
+from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
+from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
+
+R = Replicate()
+P = Partial()
+# Placement lists: (outputs, inputs in DTensor's order: positional arguments, then keywords).
+Sharding = tuple[list, list]
+
+
+def _arguments(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[str, object]]:
+    """(schema name, value) of each argument, in the order DTensor lists input placements."""
+    names = [a.name for a in op._schema.arguments]
+    return list(zip(names, args, strict=False)) + list(kwargs.items())
+
+
+def _inputs(arguments: list[tuple[str, object]], placement: dict[str, object]) -> list | None:
+    """The input placements: placement[name] for each tensor argument, None
+    for the others; None if a tensor argument has no placement given."""
+    out = []
+    for name, value in arguments:
+        if isinstance(value, DTensorSpec):
+            if name not in placement:
+                return None
+            out.append(placement[name])
+        else:
+            out.append(None)
+    return out
+
+
+def _rule(
+    op: torch._ops.OpOverload, shardings: Callable[[dict[str, object]], list[tuple[list, dict[str, object]]]]
+) -> Callable:
+    """A register_sharding rule from ``shardings(arguments by name)`` ->
+    [(output placements, {argument name: placement})].  The fully replicated
+    sharding is always offered; a sharding naming too few tensor arguments is
+    dropped (an argument the rule does not know)."""
+
+    def rule(*args, **kwargs) -> list[Sharding]:
+        arguments = _arguments(op, args, kwargs)
+        by_name = dict(arguments)
+        found = [_replicated(op, arguments, by_name)]
+        for outputs, placement in shardings(by_name):
+            inputs = _inputs(arguments, placement)
+            if inputs is not None:
+                found.append((outputs, inputs))
+        return found
+
+    rule.__name__ = f"{op._schema.name.split('::')[1]}_sharding"
+    return rule
+
+
+def _replicated(op: torch._ops.OpOverload, arguments: list[tuple[str, object]], by_name: dict) -> Sharding:
+    outputs = [None if o is None else R for o in _OUTPUTS[op](by_name)]
+    return outputs, [R if isinstance(v, DTensorSpec) else None for _, v in arguments]
+
+
+# Which outputs exist (None where the op returns None), per op, from its arguments.
+_OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
+    POLY_NORM: lambda a: [True],
+    POLY_NORM_BACKWARD: lambda a: [True, True, True],
+    ROPE: lambda a: [True, a.get("k")],
+    ROPE_BACKWARD: lambda a: [True, a.get("dk")],
+    GROUP_NORM: lambda a: [True],
+    GROUP_NORM_BACKWARD: lambda a: [True, a.get("weight"), a.get("bias")],
+}
+
+
+# ---------------------------------------------------------------------------
+# poly_norm: rows are independent; the norm runs over the last dim.
+
+
+def _poly_norm(a: dict) -> list:
+    return [([Shard(d)], {"x": Shard(d), "weight": R, "bias": R}) for d in range(a["x"].ndim - 1)]
+
+
+def _poly_norm_backward(a: dict) -> list:
+    return [([Shard(d), P, P], {"grad_out": Shard(d), "x": Shard(d), "weight": R}) for d in range(a["x"].ndim - 1)]
+
+
+# ---------------------------------------------------------------------------
+# rope: q/k (B, H, S, D) or packed (T, H, D); cos/sin gathered, (S, R), (1, S, R)
+# or (B, S, R) ((T, R), (1, T, R) packed), or (max_pos, R) tables looked up at
+# position_ids ((B, S), (1, S), (S,); M-RoPE (3, ...)) or by cu_seqlens.
+BATCH, HEADS, SEQ = "batch", "heads", "seq"
+# (axis, q's placement, k's placement) per layout
+_ROPE_AXES = {
+    4: ((BATCH, Shard(0), Shard(0)), (SEQ, Shard(2), Shard(2)),
+        (HEADS, Shard(1), Shard(1)), (HEADS, Shard(1), R), (HEADS, R, Shard(1))),
+    3: ((SEQ, Shard(0), Shard(0)), (HEADS, Shard(1), Shard(1)), (HEADS, Shard(1), R), (HEADS, R, Shard(1))),
+}  # fmt: skip
+
+
+def _table(table: DTensorSpec, axis: str):
+    """A gathered cos/sin's placement when q and k are sharded on ``axis``."""
+    if axis == SEQ:
+        return Shard(table.ndim - 2)
+    if axis == BATCH and table.ndim >= 3 and table.shape[table.ndim - 3] != 1:
+        return Shard(table.ndim - 3)
+    return R
+
+
+def _position_ids(ids: DTensorSpec, axis: str, mrope: bool):
+    """position_ids' placement when q and k are sharded on ``axis``."""
+    if axis == SEQ:
+        return Shard(ids.ndim - 1)
+    batched = ids.ndim == (3 if mrope else 2) and ids.shape[ids.ndim - 2] != 1
+    return Shard(ids.ndim - 2) if axis == BATCH and batched else R
+
+
+def _rope_aux(a: dict, axis: str) -> dict | None:
+    """Placements of cos, sin, position_ids and cu_seqlens for q/k sharded on
+    ``axis``; None where that axis cannot be sharded locally."""
+    ids, cu_seqlens = a.get("position_ids"), a.get("cu_seqlens")
+    if cu_seqlens is not None:
+        return {"cos": R, "sin": R, "cu_seqlens": R} if axis == HEADS else None
+    if ids is not None:
+        return {"cos": R, "sin": R, "position_ids": _position_ids(ids, axis, a.get("mrope_section") is not None)}
+    return {"cos": _table(a["cos"], axis), "sin": _table(a["sin"], axis)}
+
+
+def _rope_like(first: str, second: str) -> Callable[[dict], list]:
+    def shardings(a: dict) -> list:
+        x, y = a.get(first), a.get(second)
+        found = []
+        for axis, px, py in _ROPE_AXES[(x if x is not None else y).ndim]:
+            aux = _rope_aux(a, axis)
+            if aux is not None:
+                outputs = [None if x is None else px, None if y is None else py]
+                found.append((outputs, {first: px, second: py, **aux}))
+        return found
+
+    return shardings
+
+
+# ---------------------------------------------------------------------------
+# group_norm: x (N, C, *); statistics per (sample, group).
+
+
+def _whole_groups(x: DTensorSpec, num_groups: int) -> bool:
+    """Any even split of the channels over any of the mesh's dims leaves whole groups on every shard."""
+    return num_groups % x.mesh.size() == 0
+
+
+def _group_norm(a: dict) -> list:
+    found = [([Shard(0)], {"x": Shard(0), "weight": R, "bias": R})]
+    if _whole_groups(a["x"], a["num_groups"]):
+        found.append(([Shard(1)], {"x": Shard(1), "weight": Shard(0), "bias": Shard(0)}))
+    return found
+
+
+def _group_norm_backward(a: dict) -> list:
+    def outs(dx, dparam):
+        return [dx, dparam if a.get("weight") is not None else None, dparam if a.get("bias") is not None else None]
+
+    found = [(outs(Shard(0), P), {"grad_out": Shard(0), "x": Shard(0), "weight": R, "bias": R})]
+    if _whole_groups(a["x"], a["num_groups"]):
+        channels = {"grad_out": Shard(1), "x": Shard(1), "weight": Shard(0), "bias": Shard(0)}
+        found.append((outs(Shard(1), Shard(0)), channels))
+    return found
+
+
+def _local_num_groups(op: torch._ops.OpOverload) -> Callable:
+    """DTensor op handler: DTensor's propagation with the registered rule, then
+    the local call with num_groups = the groups the local channels hold."""
+    names = [a.name for a in op._schema.arguments]
+    x_at, groups_at = names.index("x"), names.index("num_groups")
+    dispatcher = DTensor._op_dispatcher
+
+    def handler(op_call, args, kwargs):
+        op_info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
+        dispatcher.sharding_propagator.propagate(op_info)
+        sharding = op_info.output_sharding
+        if not op_info.compute_mesh._is_current_rank_part_of_mesh():
+            raise NotImplementedError(f"{op_call}: a rank outside the DTensor's mesh is not supported")
+        if sharding.needs_redistribute:
+            dispatcher.redistribute_local_args(
+                op_info, sharding.redistribute_schema, sharding.use_val_from_redistribute_schema
+            )
+        local_args = op_info.local_args
+        if op_info.args_tree_spec is not None:
+            local_args = pytree.tree_unflatten(list(local_args), op_info.args_tree_spec)
+        local_args = list(local_args)
+        x_spec, num_groups = op_info.schema.args_schema[x_at], local_args[groups_at]
+        channels = x_spec.shape[1]
+        local_args[groups_at] = local_args[x_at].shape[1] * num_groups // channels
+        result = op_call(*local_args, **op_info.local_kwargs)
+        return dispatcher.wrap(result, sharding.output_spec)
+
+    return handler
+
+
+# ---------------------------------------------------------------------------
+# rope_ (in place): q and k keep their placements.
+
+
+ROPE_OPTIONS = ("pairs", "mrope_section", "mrope_interleaved")
+
+
+def _inplace_axis(i: int, pq, pk, ndim: int) -> str | None:
+    """The rope axis q's and k's placements on mesh dim i shard, None where
+    they are replicated or a linear Partial (rotation is linear); ValueError
+    for what rope_ cannot rotate in place."""
+    pair = (pq, pk)
+    for axis, px, py in _ROPE_AXES[ndim]:
+        if pair == (px, py):
+            return axis
+    if all(p == R or (isinstance(p, Partial) and p.reduce_op in ("sum", "avg")) for p in pair):
+        return None
+    raise ValueError(
+        f"liger.rope_: q placed {pq!r} and k placed {pk!r} on mesh dim {i}; in place, both must be Shard(0) "
+        "(batch) or Shard(2) (sequence), Shard(1) (heads) or Replicate each, or Partial sum/avg with the "
+        "other Replicate (packed (T, H, D): Shard(0) tokens, Shard(1) heads). Redistribute q and k first, "
+        "or use liger.rope (out of place), which redistributes"
+    )
+
+
+def _rope_inplace(op_call, args, kwargs):
+    arguments = dict(_arguments(ROPE_, args, kwargs))
+    unknown = set(arguments) - {"q", "k", "cos", "sin", "position_ids", "cu_seqlens", *ROPE_OPTIONS}
+    if unknown:
+        raise NotImplementedError(f"liger.rope_ on DTensors: no sharding rule for argument(s) {sorted(unknown)}")
+    q, k = arguments.get("q"), arguments.get("k")
+    data = q if q is not None else k
+    aux_names = [n for n in ("cos", "sin", "position_ids", "cu_seqlens") if arguments.get(n) is not None]
+    for name in ("q", "k", *aux_names):
+        t = arguments.get(name)
+        if t is None:
+            continue
+        if not isinstance(t, DTensor):
+            raise TypeError(f"liger.rope_: q is a DTensor but {name} is a {type(t).__name__}; pass DTensors for all")
+        if t.device_mesh != data.device_mesh:
+            raise ValueError(f"liger.rope_: {name} is on another device mesh than q")
+    mesh = data.device_mesh
+    specs = {n: arguments[n]._spec for n in aux_names}
+    options = {n: arguments[n] for n in ROPE_OPTIONS if n in arguments}
+    placements: dict[str, list] = {n: [] for n in aux_names}
+    for i, (pq, pk) in enumerate(zip((q if q is not None else k).placements, (k if k is not None else q).placements,
+                                     strict=True)):  # fmt: skip
+        axis = _inplace_axis(i, pq, pk, data.ndim)
+        aux = {n: R for n in aux_names} if axis is None else _rope_aux({**specs, **options}, axis)
+        if aux is None:
+            raise ValueError(
+                f"liger.rope_: with cu_seqlens only the heads can be sharded (sequence starts are global); q and k "
+                f"are placed {pq!r} and {pk!r} on mesh dim {i}"
+            )
+        for n in aux_names:
+            placements[n].append(aux[n])
+    with torch.no_grad():
+        local = {n: arguments[n].redistribute(mesh, placements[n]).to_local() for n in aux_names}
+        op_call(
+            None if q is None else q.to_local(), None if k is None else k.to_local(), local["cos"], local["sin"],
+            local.get("position_ids"), local.get("cu_seqlens"), **options,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
+
+RULES: dict[torch._ops.OpOverload, Callable] = {
+    POLY_NORM: _rule(POLY_NORM, _poly_norm),
+    POLY_NORM_BACKWARD: _rule(POLY_NORM_BACKWARD, _poly_norm_backward),
+    ROPE: _rule(ROPE, _rope_like("q", "k")),
+    ROPE_BACKWARD: _rule(ROPE_BACKWARD, _rope_like("dq", "dk")),
+    GROUP_NORM: _rule(GROUP_NORM, _group_norm),
+    GROUP_NORM_BACKWARD: _rule(GROUP_NORM_BACKWARD, _group_norm_backward),
+}
+HANDLERS: dict[torch._ops.OpOverload, Callable] = {
+    GROUP_NORM: _local_num_groups(GROUP_NORM),
+    GROUP_NORM_BACKWARD: _local_num_groups(GROUP_NORM_BACKWARD),
+    ROPE_: _rope_inplace,
+}
+
+for _op, _fn in RULES.items():
+    register_sharding(_op)(_fn)
+DTensor._op_dispatcher._custom_op_handlers.update(HANDLERS)
