@@ -255,10 +255,10 @@ def test_rows_outside_the_table_are_nan_on_the_gpu_path():
         assert_close_to_ref(g[:, :, 1:3, 8:], w[:, :, 1:3, 8:], torch.float32)
         assert_close_to_ref(g[:, :, [0, 3]], w[:, :, [0, 3]], torch.float32)
     # a sequence of cu_seqlens longer than the table: its tokens past max_pos
-    got, _ = launch.cuda_forward(q[0].transpose(0, 1), None, cos, sin, cu_seqlens=torch.tensor([0, 4, 4]))
+    got, _ = launch.cuda_forward(q[0].transpose(0, 1), None, cos, sin, cu_seqlens=torch.tensor([0, 4, 4], device=DEVICE))
     assert torch.isnan(got[:, :, :8]).any(dim=(1, 2)).tolist() == [False, False, False, False]
     got, _ = launch.cuda_forward(q[0].transpose(0, 1), None, angle_table(3, 8, torch.float32)[0],
-                                 angle_table(3, 8, torch.float32)[1], cu_seqlens=torch.tensor([0, 4]))  # fmt: skip
+                                 angle_table(3, 8, torch.float32)[1], cu_seqlens=torch.tensor([0, 4], device=DEVICE))  # fmt: skip
     assert torch.isnan(got[:, :, :8]).all(dim=2).all(dim=1).tolist() == [False, False, False, True]
 
 
