@@ -402,3 +402,18 @@ def test_poly_norm_bias_gradient_is_not_rounded_to_the_weight_dtype(x_dtype):
     assert dbias.dtype == torch.float32
     assert_close_to_scale(dbias, dy.double().sum().reshape(1), dy.double().abs().sum().reshape(1), torch.float32,
                           "dbias", compute_dtype(x_dtype))  # fmt: skip
+
+
+def test_rope_in_place_accepts_an_empty_expanded_tensor():
+    """Found by test_rope: rope_ refused a zero-size k with a stride-0 dim as
+    "internally overlapping", though it has no elements (torch's in-place ops
+    accept it); a non-empty expanded k is still refused."""
+    q = torch.randn(2, 2, 4, device=DEVICE)
+    cos, sin = torch.randn(2, 4, device=DEVICE), torch.randn(2, 4, device=DEVICE)
+    expected = rope_reference.forward(q.double(), None, cos.double(), sin.double())[0]
+    empty_k = torch.randn(1, 0, 4, device=DEVICE).expand(2, 0, 4)
+    assert 0 in empty_k.stride()
+    torch.ops.liger.rope_(q, empty_k, cos, sin)
+    assert_close_to_ref(q, expected, torch.float32, "q")
+    with pytest.raises(ValueError, match="k has internally overlapping memory"):
+        torch.ops.liger.rope_(q, torch.randn(1, 1, 4, device=DEVICE).expand(2, 1, 4), cos, sin)
