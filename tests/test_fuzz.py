@@ -221,7 +221,7 @@ def rope_calls(draw):
     half = draw(st.integers(1, 3))
     rot = 2 * half
     head_dim = rot + draw(st.integers(0, 3))
-    max_pos = draw(st.integers(1, 6))
+    max_pos = draw(st.integers(1, 6)) if mode == "cu_seqlens" else draw(st.integers(3, 8))  # distinct positions
     lengths = None
     if mode == "cu_seqlens":
         lengths = draw(st.lists(st.integers(0, max_pos), min_size=1, max_size=3))
@@ -258,14 +258,15 @@ def rope_calls(draw):
     if mode in ("position_ids", "mrope"):
         lead = (3,) if mode == "mrope" else ()
         choices = [(*lead, seq), (*lead, 1, seq)] + ([] if packed else [(*lead, batch, seq)])
-        index.update(position_ids=draw(st.sampled_from(choices)), max_pos=max_pos, expanded=draw(st.booleans()))
+        index.update(position_ids=draw(st.sampled_from(choices)), max_pos=max_pos, expanded=draw(st.booleans()),
+                     batch_rank=len(lead) + 2)  # fmt: skip
     if mode == "cu_seqlens":
         index["lengths"] = lengths
     if mode == "mrope":
         t = draw(st.integers(0, half))
         h = draw(st.integers(0, half - t))
         options.update(mrope_section=[t, h, half - t - h], mrope_interleaved=draw(st.booleans()))
-    tables = (table_shape, draw(dtypes), draw(dtypes), draw(st.sampled_from(["contiguous", "reversed", "sliced"])))
+    tables = (table_shape, draw(dtypes), draw(dtypes), draw(st.sampled_from(LAYOUTS)))
     return heads, fused, grad_dtypes, tables, index, options
 
 
@@ -273,8 +274,7 @@ def _rope_heads(rand: Rand, heads: dict, fused: bool) -> dict[str, torch.Tensor]
     if not fused:
         return {n: _make(rand, shape, dtype, layout) for n, (shape, dtype, layout) in heads.items()}
     (q_shape, dtype, _), (k_shape, _, _) = heads["q"], heads["k"]
-    head_dim = 2 if len(q_shape) == 3 else 1
-    split = q_shape[head_dim]
+    split = q_shape[1]  # Hq: dim 1 of (T, H, D) and of (B, H, S, D)
     if len(q_shape) == 3:  # (T, Hq + Hkv, D)
         buf = rand((q_shape[0], split + k_shape[1], q_shape[2]), dtype)
         return {"q": buf[:, :split], "k": buf[:, split:]}
@@ -287,7 +287,7 @@ def _rope_indices(seed: int, index: dict) -> dict[str, torch.Tensor]:
     if "position_ids" in index:
         shape = index["position_ids"]
         ids = torch.randint(0, index["max_pos"], shape, generator=gen, dtype=torch.int64)
-        if index["expanded"] and len(shape) >= 2:  # one row broadcast over the batch (stride 0), as HF passes them
+        if index["expanded"] and len(shape) == index["batch_rank"]:  # one row over the batch (stride 0), as HF's
             ids = ids[..., :1, :].expand(shape)
         return {"position_ids": ids.to(DEVICE, index["dtype"])}
     if "lengths" in index:
@@ -315,7 +315,7 @@ def _check_rotated(outs, refs, scales, compute, what) -> None:
             _close_to_scale(out, ref, scale, out.dtype, f"{what} {name}", compute)
 
 
-@_fuzz(ci_examples=24)
+@_fuzz(ci_examples=40)
 @given(call=rope_calls(), seed=seeds)
 def test_rope(call, seed):
     heads, fused, grad_dtypes, (table_shape, cos_dtype, sin_dtype, table_layout), index, options = call
