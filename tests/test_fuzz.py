@@ -315,7 +315,7 @@ def _check_rotated(outs, refs, scales, compute, what) -> None:
             _close_to_scale(out, ref, scale, out.dtype, f"{what} {name}", compute)
 
 
-@_fuzz(ci_examples=40)
+@_fuzz(ci_examples=30)
 @given(call=rope_calls(), seed=seeds)
 def test_rope(call, seed):
     heads, fused, grad_dtypes, (table_shape, cos_dtype, sin_dtype, table_layout), index, options = call
