@@ -88,11 +88,16 @@ class Trajectory:
 
 def train(model: torch.nn.Module, step_model=None, steps: int = STEPS) -> Trajectory:
     """AdamW steps on random token ids; step_model (e.g. the compiled model) runs the forward."""
+    batches = ({"input_ids": ids, "labels": ids} for ids in token_batches(steps))
+    return run_steps(model, batches, torch.optim.AdamW(model.parameters(), lr=1e-2), step_model)
+
+
+def run_steps(model: torch.nn.Module, batches, opt: torch.optim.Optimizer, step_model=None) -> Trajectory:
+    """One optimizer step per batch (the model's keyword inputs, labels included)."""
     step_model = model if step_model is None else step_model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     out = Trajectory()
-    for ids in token_batches(steps):
-        loss = step_model(input_ids=ids, labels=ids).loss
+    for inputs in batches:
+        loss = step_model(**inputs).loss
         loss.backward()
         out.losses.append(loss.item())
         out.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})

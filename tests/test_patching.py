@@ -446,22 +446,13 @@ TRAIN_STEPS = 3
 
 
 def _train(model: nn.Module, name: str):
-    from tests.test_e2e_training import Trajectory
+    from tests.test_e2e_training import run_steps
 
+    batches = (tiny_batch(name, seed=10 + step, batch=1) for step in range(TRAIN_STEPS))
     # SGD: AdamW turns the float noise of a gradient that is zero in exact math (a key bias over
     # pass-through dims shifts every score of a query alike) into lr-sized steps of random sign
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out = Trajectory()
-    for step in range(TRAIN_STEPS):
-        inputs = tiny_batch(name, seed=10 + step, batch=1)
-        loss = model(**inputs, labels=inputs["input_ids"]).loss
-        loss.backward()
-        out.losses.append(loss.item())
-        out.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-        opt.step()
-        opt.zero_grad()
-    out.params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return out
+    return run_steps(model, ({**inputs, "labels": inputs["input_ids"]} for inputs in batches),
+                     torch.optim.SGD(model.parameters(), lr=0.1))  # fmt: skip
 
 
 @pytest.mark.parametrize(
