@@ -196,6 +196,28 @@ def test_npu_launchers_every_variant(v, ub, cores):
         assert p.block_seqs <= plan.NPU_MAX_SEQS_BLOCK
 
 
+@pytest.mark.parametrize("pairs", ["interleaved", "interleaved_to_halves"])
+def test_npu_stride_two_stores_write_every_rotated_pair(pairs):
+    """The NPU plan's stride-2 loads and stores of interleaved pairs, with
+    half = 6 of an 8-wide tile (masked) and partial rotary, q and k in
+    several head blocks: forward, backward (interleaved outputs) and in place
+    against the float64 reference."""
+    with pytest.MonkeyPatch.context() as mp:
+        simulate_ascend(mp, "Ascend910B4", SMALL_UB)
+        q, k, cos, sin = _inputs(2, 5, 3, 4, 20, 12, torch.float32)
+        options = {"pairs": pairs}
+        dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
+        refs, ref_grads = reference_variant_grads(q, k, cos, sin, dq_out, dk_out, **options)
+        outs = launch.npu_forward(q, k, cos, sin, **options)
+        grads = launch.npu_backward(dq_out, dk_out, cos, sin, **options)
+        inplace = (q.clone(), k.clone())
+        launch.npu_forward_(*inplace, cos, sin, **options)
+        assert _plan(q, k, cos, sin, True).block_qh < q.shape[1]
+        for got, want, what in ((outs, refs, "out"), (grads, ref_grads, "grad"), (inplace, refs, "in place")):
+            for g, w in zip(got, want, strict=True):
+                assert_close_to_ref(g, w, torch.float32, what)
+
+
 # --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)
 
 

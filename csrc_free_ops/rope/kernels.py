@@ -162,17 +162,20 @@ def _store_pairs(y, lo, hi, heads_mask, stride_d, half, BLOCK_H: tl.constexpr, B
         cols = tl.arange(0, 2 * BLOCK_HALF).to(tl.int64)[None, :]
         v = tl.reshape(tl.join(lo, hi), [BLOCK_H, 2 * BLOCK_HALF])
         _store(y + cols * stride_d, v, heads_mask & (cols < 2 * half))
+    elif PAIRS:
+        # Stride-2 stores (the NPU plan), each masked by its own columns: with the pairs' mask
+        # (pairs < half) on both, triton-ascend 3.2 takes them for an interleave it fails an
+        # assertion on ("InterleaveStatusWithMaskOptimization", docs/npu.md).
+        lo_cols = 2 * tl.arange(0, BLOCK_HALF).to(tl.int64)[None, :]
+        hi_cols = lo_cols + 1
+        _store(y + lo_cols * stride_d, lo, heads_mask & (lo_cols < 2 * half))
+        _store(y + hi_cols * stride_d, hi, heads_mask & (hi_cols < 2 * half))
     else:
         pairs = tl.arange(0, BLOCK_HALF).to(tl.int64)[None, :]
         mask = heads_mask & (pairs < half)
-        if PAIRS:
-            lo_ptr = y + 2 * pairs * stride_d
-            hi_offset = stride_d
-        else:
-            lo_ptr = y + pairs * stride_d
-            hi_offset = half * stride_d
+        lo_ptr = y + pairs * stride_d
         _store(lo_ptr, lo, mask)
-        _store(lo_ptr + hi_offset, hi, mask)
+        _store(lo_ptr + half * stride_d, hi, mask)
 
 
 @triton.jit
