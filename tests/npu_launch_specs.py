@@ -95,7 +95,8 @@ def rope_args(shape, dt, pt):
 def rope_option_args(shape, dt, pt):
     """shape: (B, Hq, Hk, S, D, R, positions, pairs[, "sin_data"]): positions "cu_seqlens" (packed (T, H, D)
     tokens, B documents), "position_ids", "mrope" or "mrope_interleaved" ((max_pos, R) tables); Hk = 0: q alone
-    (k alone is rope(k, None): the same launch).  cos in the parameter dtype, sin too, or in the data dtype with "sin_data"."""
+    (k alone is rope(k, None): the same launch).  cos in the parameter dtype, sin too, or in the data dtype
+    with "sin_data"."""
     b, hq, hk, s, d, r, positions, pairs, *tables = shape
     cos = _t((4 * s, r), pt)
     sin = _t((4 * s, r), dt if tables == ["sin_data"] else pt)
@@ -161,7 +162,7 @@ GN_SHAPES = (  # (x shape, groups, affine)
 
 
 ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs[, tables])
-    (4, 32, 8, 16, 128, 128, "cu_seqlens", "interleaved"),  # packed documents, GLM/GPT-J pairs
+    (4, 64, 8, 16, 128, 128, "cu_seqlens", "interleaved"),  # packed documents, GLM/GPT-J pairs; heads bound by the UB
     (300, 8, 2, 2, 64, 64, "cu_seqlens", "halves"),  # 301 entries: the largest BLOCK_SEQS chunk, searched twice
     (2, 32, 0, 16, 128, 64, "position_ids", "interleaved_to_halves"),  # q alone, DeepSeek's pairs, partial
     (1, 8, 0, 32, 128, 128, "cu_seqlens", "halves", "sin_data"),  # one tensor, packed; cos and sin dtypes differ

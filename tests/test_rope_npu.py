@@ -153,6 +153,28 @@ def test_plan_fits_the_ub(ascend, dtype, dim, rot):
             assert fixed + 2 * block * per_head > device.npu_ub_bytes()
 
 
+# The largest tile of interleaved pairs (heads x BLOCK_HALF) bishengir fits a 192 KiB UB
+# with multi-buffering: 4096 overflows (the Ascend compile check, docs/npu.md).
+NPU_MAX_INTERLEAVED_PAIRS = 2048
+
+
+@pytest.mark.parametrize("pairs", ["interleaved", "interleaved_to_halves"])
+@pytest.mark.parametrize(("dtype", "table_dtype"), [(torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+                                                    (torch.float32, torch.bfloat16), (torch.float32, torch.float32)])
+@pytest.mark.parametrize(("dim", "rot"), [(128, 128), (256, 256), (128, 64)])
+def test_interleaved_pairs_tiles_fit_bishengirs_ub(pairs, dtype, table_dtype, dim, rot):
+    """Stride-2 pairs cost bishengir about twice the halves' UB: the plan's
+    head blocks for them stay within what it fits on every 910B profile."""
+    with pytest.MonkeyPatch.context() as mp:
+        simulate_ascend(mp, "Ascend910B4")
+        q, k, cos, sin = _inputs(1, 128, 64, 2, dim, rot, dtype, table_dtype=table_dtype)
+        problem = launch.problem(q, k, cos, sin, rot < dim, pairs=pairs)
+        p = plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
+        assert max(p.block_qh, p.block_kh) * plan.block_half(rot) <= NPU_MAX_INTERLEAVED_PAIRS
+        halves = plan.npu(launch.problem(q, k, cos, sin, rot < dim), device.npu_ub_bytes(), 40)
+        assert p.block_qh * 2 == halves.block_qh  # the halves' tiles are not affected
+
+
 def test_grid_is_vector_cores_or_rows(ascend):
     q, k, cos, sin = _inputs(2, 4, 4, 100, 16, 16, torch.float32)
     assert _plan(q, k, cos, sin, False).programs == device.npu_vector_cores()
