@@ -21,6 +21,22 @@ rope, q (B, Hq, T, D), k (B, Hkv, T, D), cos and sin (Bc, T, R) with Bc = 1
               read cos, sin
     full      forward + backward                   2 * forward
 
+rope's variant ops (bench/rope_variants.py): q, k as above (k only: Hq = 0;
+packed: B = 1, T tokens), read and written in full (dims R..D pass through
+but are still copied), plus what the cos/sin rows must cost at least: every
+distinct table entry the call needs, read once (ids of one (max_pos, R)
+table repeat across batch rows and documents), and the ids:
+    rope_interleaved, rope_partial   (1, T, R) rows        2*T*R*e
+    rope_position_ids (B, T) ids 0..T-1                     2*T*R*e + B*T*8
+    rope_k_only (B, T) ids c..c+T-1                         2*T*R*e + B*T*8
+    rope_packed, documents L_1..L_n                         2*max(L)*R*e
+              + T*8 (position ids) or (n+1)*4 (int32 cu_seqlens)
+    rope_mrope, (3, B, T) ids; stream s owns n_s of the R/2 pairs (both
+              dims of each) and takes P_s distinct positions   2*sum_s(2*n_s*P_s)*e + 3*B*T*8
+              (one image of gh x gw tokens, then text: P_t = 1 + text,
+              P_h = gh + text, P_w = gw + text)
+    backward the same; full twice that.
+
 group_norm, x (N, C, L) (L = product of the spatial dims), weight / bias (C,):
     forward   read x, write y                      2*N*C*L*e
               read weight, bias                    + 2*C*p
@@ -34,7 +50,10 @@ The H200's copy ceiling (read + write, large contiguous copy) is about
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+from bench.shapes import ROPE_VARIANTS
 
 MODES = ("forward", "backward", "full")
 
@@ -78,7 +97,52 @@ def group_norm_bytes(shape: dict[str, Any], mode: str, param_dtype: str | None =
     return {"forward": fwd, "backward": bwd, "full": fwd + bwd}[mode]
 
 
+ID_SIZE = 8  # int64 position ids, as HF makes them
+CU_SEQLENS_SIZE = 4  # int32, as flash-attn takes them
+
+
+def mrope_pairs_per_stream(half: int, section: list[int], interleaved: bool) -> tuple[int, int, int]:
+    """How many of the R/2 rotation pairs take their position from the t, h and w streams:
+    consecutive sections (Qwen2-VL), or h at p % 3 == 1 below 3h and w at p % 3 == 2 below 3w,
+    t elsewhere (Qwen3-VL)."""
+    if not interleaved:
+        return section[0], section[1], section[2]
+    h = sum(1 for p in range(half) if p % 3 == 1 and p < 3 * section[1])
+    w = sum(1 for p in range(half) if p % 3 == 2 and p < 3 * section[2])
+    return half - h - w, h, w
+
+
+def _variant_table_and_ids(op: str, shape: dict[str, Any], e: int) -> int:
+    b, t = int(shape["B"]), int(shape["T"])
+    rot = int(shape.get("rotary_dim", shape["head_dim"]))
+    if op in ("rope_interleaved", "rope_partial"):
+        return 2 * t * rot * e
+    if op in ("rope_position_ids", "rope_k_only"):
+        return 2 * t * rot * e + b * t * ID_SIZE
+    if op == "rope_packed":
+        docs = [int(n) for n in shape["doc_lens"]]
+        ids = (len(docs) + 1) * CU_SEQLENS_SIZE if shape.get("variant") == "cu_seqlens" else t * ID_SIZE
+        return 2 * max(docs) * rot * e + ids
+    if op == "rope_mrope":
+        gh, gw = (int(v) for v in shape["grid"])
+        text = t - gh * gw
+        pairs = mrope_pairs_per_stream(rot // 2, shape["mrope_section"], bool(shape.get("mrope_interleaved")))
+        positions = (1 + text, gh + text, gw + text)
+        return 2 * sum(2 * n * p for n, p in zip(pairs, positions, strict=True)) * e + 3 * b * t * ID_SIZE
+    raise ValueError(f"no byte count for {op!r}")
+
+
+def rope_variant_bytes(op: str, shape: dict[str, Any], mode: str) -> int:
+    _check_mode(mode)
+    e = ELEM_SIZE[shape["dtype"]]
+    tokens = int(shape["B"]) * int(shape["T"])
+    heads = int(shape.get("n_q_heads", 0)) + int(shape["n_kv_heads"])
+    one = 2 * tokens * heads * int(shape["head_dim"]) * e + _variant_table_and_ids(op, shape, e)
+    return one * (2 if mode == "full" else 1)
+
+
 _BYTES = {"poly_norm": poly_norm_bytes, "rope": rope_bytes, "group_norm": group_norm_bytes}
+_BYTES.update({op: functools.partial(rope_variant_bytes, op) for op in ROPE_VARIANTS})
 
 
 def min_bytes(op: str, shape: dict[str, Any], mode: str) -> int:

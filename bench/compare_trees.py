@@ -59,7 +59,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("old", nargs="?", help="the old tree (a folder holding registrations/ and csrc_free_ops/)")
     p.add_argument("new", nargs="?", help="the new tree")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--ops", default=",".join(shapes.OPS))
+    p.add_argument("--ops", default=",".join(shapes.DEFAULT_OPS))
     p.add_argument("--sets", default=",".join(shapes.DEFAULT_SETS))
     p.add_argument("--modes", default="forward,backward,full")
     p.add_argument("--timer", default=",".join(timing.TIMERS))

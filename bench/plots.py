@@ -32,6 +32,7 @@ def plot(records: list[dict[str, Any]], out: Path) -> list[Path]:
     for (op, set_name), group in groups.items():
         modes = [m for m in nbytes.MODES if any(r["kernel_operation_mode"] == m for r in group)]
         configs = {json.loads(r["extra_benchmark_config_str"]).get("dtype", "") for r in group}
+        variants = {json.loads(r["extra_benchmark_config_str"]).get("variant", "") for r in group}
         timers = {rec.timer_of(json.loads(r["extra_benchmark_config_str"])) for r in group}
         fig, axes = plt.subplots(2, len(modes), figsize=(5.5 * len(modes), 8), squeeze=False)
         for col, mode in enumerate(modes):
@@ -45,6 +46,7 @@ def plot(records: list[dict[str, Any]], out: Path) -> list[Path]:
                     cfg = json.loads(r["extra_benchmark_config_str"])
                     timer = rec.timer_of(cfg)
                     label = r["kernel_provider"]
+                    label += f" {cfg.get('variant', '')}" if len(variants) > 1 else ""
                     label += f" {cfg.get('dtype', '')}" if len(configs) > 1 else ""
                     label += f" {timer}" if len(timers) > 1 else ""
                     style = LINE_STYLES.get(timer, ":")

@@ -8,6 +8,8 @@ Providers
     compile       torch.compile(reference, dynamic=False), warmed up before timing
     liger_kernel  upstream Liger-Kernel's autograd.Functions, when importable
 
+rope's options (the rope_* variant ops) are built in bench/rope_variants.py.
+
 Every provider of one op gets the same input values (same seed), in the
 same dtype, on the same device, in the same memory layout (rope: HF's
 (B, T, H, D) storage viewed as (B, H, T, D)).
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench import shapes
+from bench import rope_variants, shapes
 
 PROVIDERS = ("liger", "torch", "compile", "liger_kernel")
 
@@ -297,7 +299,13 @@ def _build_group_norm(provider: str, shape: dict[str, Any], device: str) -> Buil
     return Built(fn, (x, w, b), (x, w, b))
 
 
+def _build_rope_variant(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:
+    fn, args, grad_inputs = rope_variants.build(op, provider, shape, device, _compiled, _upstream, ProviderUnavailable)
+    return Built(fn, args, grad_inputs)
+
+
 _BUILDERS = {"poly_norm": _build_poly_norm, "rope": _build_rope, "group_norm": _build_group_norm}
+_BUILDERS.update({op: functools.partial(_build_rope_variant, op) for op in shapes.ROPE_VARIANTS})
 
 
 def build(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:

@@ -54,7 +54,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from bench.providers import PROVIDERS
 
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ops", default=",".join(shapes.OPS), help="comma list of " + ", ".join(shapes.OPS))
+    p.add_argument(
+        "--ops",
+        default=",".join(shapes.DEFAULT_OPS),
+        help=f"comma list of {', '.join(shapes.OPS)}, or rope_variants for every rope_* op "
+        f"(default {','.join(shapes.DEFAULT_OPS)})",
+    )
     p.add_argument(
         "--sets",
         default=None,
@@ -80,7 +85,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--summary-only", action="store_true", help="rebuild plots and summary.md from --out")
     args = p.parse_args(argv)
-    args.ops = _split(args.ops)
+    args.ops = list(dict.fromkeys(op for name in _split(args.ops) for op in shapes.OP_GROUPS.get(name, (name,))))
     args.modes = _split(args.modes)
     args.providers = _split(args.providers)
     args.sets = _split(args.sets) if args.sets else None

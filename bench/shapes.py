@@ -21,13 +21,24 @@ Sets:
   Each dtype is one sweep over C (every shape has its own C); the batch and
   image size of each C are in the config's ``points`` (C -> [N, h, w]), and
   the inputs are 4-D (N, C, h, w) as a UNet passes them.
+* ``variants`` (the rope_* variant ops only): rope's options at model shapes, bf16
+  (bench/rope_variants.py has the providers):
+    rope_position_ids  Llama: B=2, 32/8 heads, D=128, (B, S) ids into a (32768, 128) table, S 4096, 16384
+    rope_interleaved   S=8192: Cohere (32/8 heads, R=D=128), GLM-4 (32/2 heads, D=128, R=64)
+    rope_partial       Phi-4-mini (Phi3): S=8192, 24/8 heads, D=128, R=96
+    rope_k_only        KV-cache append: B=8, 8 kv heads, D=128, 1 or 2048 new tokens at position 4096+
+    rope_mrope         S=8192 (a 64x64 image, then text): Qwen2-VL (28/4 heads, mrope_section
+                       [16, 24, 24]) and Qwen3-VL (32/8 heads, [24, 20, 20], interleaved), D=128
+    rope_packed        8 documents of mixed lengths in 16384 tokens, (T, H, D), 32/8 heads, D=128,
+                       by cu_seqlens and by position ids restarting at each document
 * ``tiny``: interpreter-sized shapes for ``--device cpu`` smoke runs.
 * ``tiny_diffusion``: the diffusion set's layout (4-D, per-C points) at
   interpreter size, so the CPU tests walk the same code.
 
-Ops without a sweep in a set (poly_norm and rope in ``diffusion``) are
-skipped in that set.  ``quick=True`` keeps the first, middle and last x of
-each sweep (and for ``large`` rope only the two shortest sequences).
+Ops without a sweep in a set (poly_norm and rope in ``diffusion``, the rope
+variants everywhere but ``variants`` and ``tiny``) are skipped in that set.
+``quick=True`` keeps the first, middle and last x of each sweep (and for
+``large`` rope only the two shortest sequences).
 """
 
 from __future__ import annotations
@@ -35,10 +46,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-OPS = ("poly_norm", "rope", "group_norm")
-SETS = ("seeds", "large", "diffusion", "tiny", "tiny_diffusion")
+# rope's keyword options, one op key each (bench/rope_variants.py).
+ROPE_VARIANTS = ("rope_position_ids", "rope_interleaved", "rope_partial", "rope_k_only", "rope_mrope", "rope_packed")
+OPS = ("poly_norm", "rope", "group_norm", *ROPE_VARIANTS)
+# What a run measures when --ops is not given; --ops takes a group's name for its ops.
+DEFAULT_OPS = ("poly_norm", "rope", "group_norm")
+OP_GROUPS = {"rope_variants": ROPE_VARIANTS}
+SETS = ("seeds", "large", "diffusion", "variants", "tiny", "tiny_diffusion")
 # What a run measures when --sets is not given.
-DEFAULT_SETS = ("seeds", "large", "diffusion")
+DEFAULT_SETS = ("seeds", "large", "diffusion", "variants")
+# rope_packed's documents: 8 of mixed lengths in 16384 tokens.
+PACKED_DOC_LENS = (4096, 512, 3072, 1024, 2560, 256, 3584, 1280)
 # group_norm's diffusion shapes: C -> (N, h, w), GroupNorm(32).
 DIFFUSION_POINTS = {320: (2, 64, 64), 640: (8, 32, 32), 1280: (16, 16, 16), 512: (4, 128, 128), 128: (1, 512, 512)}
 TINY_DIFFUSION_POINTS = {8: (2, 4, 4), 16: (1, 2, 3)}
@@ -59,8 +77,8 @@ class Sweep:
 
     @property
     def tag(self) -> str:
-        """Short label distinguishing sweeps of one set (e.g. the dtype)."""
-        return str(self.config.get("dtype", ""))
+        """Short label distinguishing sweeps of one set (the dtype, and the variant where there is one)."""
+        return " ".join(str(self.config[k]) for k in ("variant", "dtype") if k in self.config)
 
 
 def point(config: dict[str, Any], x_name: str, x: int) -> dict[str, Any]:
@@ -77,11 +95,12 @@ def point(config: dict[str, Any], x_name: str, x: int) -> dict[str, Any]:
 
 def describe(shape: dict[str, Any], x_name: str) -> str:
     """How a summary row names its shape: ``(N, C, hxw)`` for image shapes,
-    else ``x_name=x``."""
+    else ``x_name=x``; then the variant, where the sweep has one."""
     if "spatial" in shape:
         h, w = shape["spatial"]
         return f"({shape['M']}, {shape['C']}, {h}x{w})"
-    return f"{x_name}={shape[x_name]}"
+    variant = f" {shape['variant']}" if "variant" in shape else ""
+    return f"{x_name}={shape[x_name]}{variant}"
 
 
 def _pow2(lo: int, hi: int) -> tuple[int, ...]:
@@ -93,7 +112,7 @@ def _pow2(lo: int, hi: int) -> tuple[int, ...]:
 
 
 def _poly_norm(set_name: str) -> list[Sweep]:
-    if set_name in ("diffusion", "tiny_diffusion"):
+    if set_name in ("diffusion", "tiny_diffusion", "variants"):
         return []
     if set_name == "seeds":
         return [Sweep("poly_norm", set_name, "H", "hidden size", _pow2(256, 4096), {"M": 2048, "dtype": "bfloat16"})]
@@ -103,7 +122,7 @@ def _poly_norm(set_name: str) -> list[Sweep]:
 
 
 def _rope(set_name: str) -> list[Sweep]:
-    if set_name in ("diffusion", "tiny_diffusion"):
+    if set_name in ("diffusion", "tiny_diffusion", "variants"):
         return []
     base = {"n_q_heads": 32, "n_kv_heads": 8, "head_dim": 256, "dtype": "bfloat16"}
     if set_name == "seeds":
@@ -132,6 +151,8 @@ def _image_sweeps(
 
 
 def _group_norm(set_name: str) -> list[Sweep]:
+    if set_name == "variants":
+        return []
     if set_name == "diffusion":
         return _image_sweeps(set_name, DIFFUSION_POINTS, 32, ("bfloat16", "float32"))
     if set_name == "tiny_diffusion":
@@ -151,7 +172,68 @@ def _group_norm(set_name: str) -> list[Sweep]:
     ]
 
 
+def _variant_sweep(op: str, set_name: str, x_label: str, xs: tuple[int, ...], **config: Any) -> Sweep:
+    return Sweep(op, set_name, "T", x_label, xs, config)
+
+
+NO_INTERLEAVED = "liger_kernel 0.8.5's interleaved pairs (LigerLlama4RopeFunction) rotate the whole head"
+NO_SINGLE = "liger_kernel 0.8.5's rope takes q and k both"
+
+
+def _rope_variant(op: str, set_name: str) -> list[Sweep]:
+    """The rope_* variant ops: model shapes in ``variants``, interpreter-sized ones in ``tiny``."""
+    if set_name not in ("variants", "tiny"):
+        return []
+    tiny = set_name == "tiny"
+    seq = "sequence length"
+    if tiny:
+        dt, heads, d, s = "float32", {"n_q_heads": 2, "n_kv_heads": 1}, 8, (4,)
+    else:
+        dt, heads, d, s = "bfloat16", {"n_q_heads": 32, "n_kv_heads": 8}, 128, (8192,)
+    base = {"B": 1, **heads, "head_dim": d, "dtype": dt}
+    if op == "rope_position_ids":
+        xs, cfg = ((4,), {"B": 2, "max_pos": 8}) if tiny else ((4096, 16384), {"B": 2, "max_pos": 32768})
+        return [_variant_sweep(op, set_name, seq, xs, **{**base, **cfg}, variant="llama")]
+    if op == "rope_interleaved":
+        glm = {"n_kv_heads": 1, "rotary_dim": 4} if tiny else {"n_kv_heads": 2, "rotary_dim": 64}
+        return [
+            _variant_sweep(op, set_name, seq, s, **base, rotary_dim=d, variant="cohere"),
+            _variant_sweep(op, set_name, seq, s, **{**base, **glm}, variant="glm", no_upstream=NO_INTERLEAVED),
+        ]
+    if op == "rope_partial":
+        cfg = {"head_dim": 16, "rotary_dim": 12} if tiny else {"n_q_heads": 24, "rotary_dim": 96}
+        return [_variant_sweep(op, set_name, seq, s, **{**base, **cfg}, variant="phi3")]
+    if op == "rope_k_only":
+        cfg = {"B": 2, "n_kv_heads": 1, "cache_len": 5, "max_pos": 16}
+        xs = (3,)
+        if not tiny:
+            cfg, xs = {"B": 8, "n_kv_heads": 8, "cache_len": 4096, "max_pos": 8192}, (1, 2048)
+        k_only = {k: v for k, v in base.items() if k != "n_q_heads"} | cfg
+        return [_variant_sweep(op, set_name, "new tokens per sequence", xs, **k_only, no_upstream=NO_SINGLE)]
+    if op == "rope_mrope":
+        if tiny:
+            qwen2 = qwen3 = {"mrope_section": [2, 1, 1], "grid": [2, 2], "max_pos": 8}
+            s = (6,)
+        else:
+            qwen2 = {"n_q_heads": 28, "n_kv_heads": 4, "mrope_section": [16, 24, 24], "grid": [64, 64]}
+            qwen3 = {"mrope_section": [24, 20, 20], "grid": [64, 64]}
+            qwen2["max_pos"] = qwen3["max_pos"] = 8192
+        return [
+            _variant_sweep(op, set_name, seq, s, **{**base, **qwen2}, mrope_interleaved=False, variant="qwen2_vl"),
+            _variant_sweep(op, set_name, seq, s, **{**base, **qwen3}, mrope_interleaved=True, variant="qwen3_vl"),
+        ]
+    if op == "rope_packed":
+        docs, max_pos = ([3, 1, 4], 8) if tiny else (list(PACKED_DOC_LENS), 8192)
+        cfg = {**base, "doc_lens": docs, "max_pos": max_pos}
+        return [
+            _variant_sweep(op, set_name, "packed tokens", (sum(docs),), **cfg, variant=v)
+            for v in ("cu_seqlens", "position_ids")
+        ]
+    raise ValueError(op)
+
+
 _BUILDERS = {"poly_norm": _poly_norm, "rope": _rope, "group_norm": _group_norm}
+_BUILDERS.update({op: lambda set_name, op=op: _rope_variant(op, set_name) for op in ROPE_VARIANTS})
 
 
 def _thin(values: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,7 +1,8 @@
 """summary.md: one row per (op, set, shape, mode), both timers side by side.
 
 A row is **won** when liger's median is below every rival's (liger_kernel,
-compile, torch eager) under every timer of REQUIRED_TIMERS (graph and
+compile, torch eager; liger_kernel only where upstream has an equivalent:
+a config with ``no_upstream`` says why not) under every timer of REQUIRED_TIMERS (graph and
 eager).  A row missing a timer, liger or a rival is not won, and its cell
 says what is missing.  In full mode the row also compares liger's peak
 memory with torch.compile's (the target: no higher); liger_kernel's lower
@@ -30,8 +31,16 @@ BW_TARGETS = {"forward": 3600.0, "backward": 3200.0}
 # Why upstream's full-mode peak is below a functional op's, per op.
 UPSTREAM_IN_PLACE = {
     "poly_norm": "LigerPolyNormFunction (in_place=True, its module's default) writes dx over the incoming dy",
-    "rope": "LigerRopeFunction rotates q and k in place, and dq and dk in backward",
+    "rope": "LigerRopeFunction (and LigerQwen2VLMRopeFunction) rotates q and k in place, and dq and dk in backward",
 }
+
+
+def _in_place(op: str) -> bool:
+    """Whether upstream's path for op overwrites the caller's tensors (the rope_* variants run
+    LigerRopeFunction or LigerQwen2VLMRopeFunction, both in place like rope's)."""
+    return (op.split("_")[0] if op.startswith("rope_") else op) in UPSTREAM_IN_PLACE
+
+
 TIMER_NOTES = {
     "graph": "GPU time of a CUDA-graph replay of the call (no host cost)",
     "eager": "the plain eager call, host cost included wherever the host is slower than the GPU",
@@ -50,6 +59,8 @@ class Row:
     gbps: dict[str, float | None] = field(default_factory=dict)
     # provider -> full-mode peak MB
     peak_mb: dict[str, float | None] = field(default_factory=dict)
+    # The providers liger must beat: RIVALS, less liger_kernel where upstream has no equivalent.
+    rivals: tuple[str, ...] = RIVALS
 
     def faster(self, timer: str) -> tuple[bool | None, str]:
         """(liger faster than every rival under timer, what stands in the way: the rivals it is
@@ -58,8 +69,8 @@ class Row:
         ours = ms.get("liger")
         if ours is None:
             return None, "liger not measured"
-        lost = [p for p in RIVALS if ms.get(p) is not None and ms[p] <= ours]
-        missing = [p for p in RIVALS if ms.get(p) is None]
+        lost = [p for p in self.rivals if ms.get(p) is not None and ms[p] <= ours]
+        missing = [p for p in self.rivals if ms.get(p) is None]
         why = ([f"not faster than {','.join(lost)}"] if lost else []) + (
             [f"unmeasured {','.join(missing)}"] if missing else []
         )
@@ -68,7 +79,7 @@ class Row:
     def best_rival_ratio(self, timer: str) -> float | None:
         """Fastest rival's ms / liger's ms (> 1: liger faster)."""
         ms = self.ms.get(timer, {})
-        rivals = [ms[p] for p in RIVALS if ms.get(p) is not None]
+        rivals = [ms[p] for p in self.rivals if ms.get(p) is not None]
         if ms.get("liger") in (None, 0) or not rivals:
             return None
         return min(rivals) / ms["liger"]
@@ -93,6 +104,10 @@ class Row:
         if ours is None or theirs is None:
             return None
         return ours - theirs
+
+
+def _config(r: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(r["extra_benchmark_config_str"])
 
 
 def _timers(all_records: list[dict[str, Any]]) -> list[str]:
@@ -142,7 +157,8 @@ def build_rows(records: list[dict[str, Any]]) -> list[Row]:
             shape = shapes.point(cfg, x_name, x)
             label = f"{shapes.describe(shape, x_name)} {cfg.get('dtype', '')}".strip()
             for mode in [m for m in nbytes.MODES if m in group["modes"]]:
-                row = Row(key[0], cfg.get("set", ""), label, mode)
+                rivals = tuple(p for p in RIVALS if not (p == "liger_kernel" and "no_upstream" in cfg))
+                row = Row(key[0], cfg.get("set", ""), label, mode, rivals=rivals)
                 for t in timers:
                     ms = {p: _value(series.get((*key, t, p, mode, "speed")), x) for p in provs}
                     if any(v is not None for v in ms.values()):
@@ -218,7 +234,7 @@ def summarize(records: list[dict[str, Any]]) -> str:
         gbps_cell = _per_timer([_fmt(row.gbps.get(t), 5) for t in timers])
         mem_cell = "-"
         if row.mode == "full" and any(v is not None for v in row.peak_mb.values()):
-            marks = {p: "*" if p == "liger_kernel" and row.op in UPSTREAM_IN_PLACE else "" for p in provs}
+            marks = {p: "*" if p == "liger_kernel" and _in_place(row.op) else "" for p in provs}
             mem_cell = " / ".join(_fmt(row.peak_mb.get(p)) + marks[p] for p in provs)
         cells = [row.op, row.set_name, row.shape, row.mode, *ms_cells, ratio_cell, gbps_cell, mem_cell]
         cells += [_checks(row), row.won()[1]]
@@ -234,12 +250,19 @@ def summarize(records: list[dict[str, Any]]) -> str:
         f"graph-time bandwidth targets (forward {BW_TARGETS['forward']:.0f}, backward "
         f"{BW_TARGETS['backward']:.0f} GB/s)."
     )
-    if any(r.op in UPSTREAM_IN_PLACE and r.peak_mb.get("liger_kernel") is not None for r in rows):
+    if any(_in_place(r.op) and r.peak_mb.get("liger_kernel") is not None for r in rows):
         why = "; ".join(f"{op}: {text}" for op, text in UPSTREAM_IN_PLACE.items())
         lines.append(
             "\n\\* liger_kernel's lower peak for poly_norm and rope comes from overwriting the caller's inputs "
             f"and incoming gradients ({why}), which a functional op must not do; peak memory is judged "
             f"against {MEMORY_RIVAL} instead."
+        )
+    no_upstream = sorted({(r["kernel_name"], c["no_upstream"]) for r in records if "no_upstream" in (c := _config(r))})
+    if no_upstream:
+        lines.append(
+            "\nNo liger_kernel equivalent, so not a rival in these rows: "
+            + "; ".join(f"{op} ({why})" for op, why in no_upstream)
+            + "."
         )
     if records and str(records[0].get("gpu_name", "")).startswith("cpu"):
         lines.append("\nCPU run (Triton interpreter): every timer is a perf_counter median of the eager call.")

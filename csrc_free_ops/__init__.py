@@ -20,5 +20,6 @@ __version__ = "0.1.0"
 from csrc_free_ops import interpreter as _interpreter
 
 _interpreter.check_requested_in_time()
+_interpreter.check_interpreter_runs()
 
 import registrations  # noqa: E402,F401  (last, see above: defines torch.ops.liger.*)

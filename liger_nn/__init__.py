@@ -3,6 +3,12 @@ with the signatures of the layers they replace."""
 
 import registrations  # noqa: F401  (defines torch.ops.liger.*)
 from liger_nn.group_norm import GroupNorm
+from liger_nn.hf_rotary import (
+    apply_rotary_pos_emb_glm,
+    apply_rotary_pos_emb_interleave,
+    apply_rotary_pos_emb_interleaved,
+    apply_rotary_pos_emb_vision,
+)
 from liger_nn.patching import LigerPatch, PatchReport, Replacement, apply_liger_ops
 from liger_nn.poly_norm import PolyNorm
 from liger_nn.rope import apply_rotary_pos_emb
@@ -15,4 +21,8 @@ __all__ = [
     "Replacement",
     "apply_liger_ops",
     "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_glm",
+    "apply_rotary_pos_emb_interleave",
+    "apply_rotary_pos_emb_interleaved",
+    "apply_rotary_pos_emb_vision",
 ]

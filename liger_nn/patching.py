@@ -2,15 +2,21 @@
 
 What is replaced (each kind can be switched off):
 
-* ``rope``: the module-level ``apply_rotary_pos_emb`` of the transformers
-  modeling modules the model's classes come from, for the Llama-family
-  architectures in ``ROPE_ARCHITECTURES``.  The attention ``forward`` looks
-  that name up in its module's globals on every call, so the swap is
-  **process-wide for that architecture**: every model of the architecture in
-  the process uses the op until the last handle that patched it is removed.
-  transformers (5.17) offers no per-instance hook for this function: its
-  class-level patch mapping acts only while a model is created, and the hub
-  ``kernels`` decorators need the ``kernels`` package and a hub repository.
+* ``rope``: the module-level rotary functions (``apply_rotary_pos_emb``, and
+  where an architecture has them ``apply_rotary_pos_emb_vision`` and
+  ``apply_rotary_pos_emb_interleave``) of the transformers modeling modules
+  the model's classes come from, for the architectures in
+  ``ROPE_ARCHITECTURES``.  ``ROPE_FUNCTIONS`` names each function's
+  convention (``ROPE_CONVENTIONS``: rotate_half, partial rotary, GPT-J pairs,
+  GLM's, DeepSeek's interleave, packed vision tokens), i.e. which drop-in of
+  ``liger_nn`` replaces it and with which options of the op.  The attention
+  ``forward`` looks the name up in its module's globals on every call, so the
+  swap is **process-wide for that architecture**: every model of the
+  architecture in the process uses the op until the last handle that patched
+  it is removed.  transformers (5.17) offers no per-instance hook for these
+  functions: its class-level patch mapping acts only while a model is
+  created, and the hub ``kernels`` decorators need the ``kernels`` package and
+  a hub repository.
 * ``group_norm``: every submodule whose class is exactly ``torch.nn.GroupNorm``
   (subclasses are left alone) becomes a ``liger_nn.GroupNorm`` holding the
   *same* Parameter objects (an optimizer built earlier keeps working), so
@@ -20,9 +26,9 @@ What is replaced (each kind can be switched off):
   ``eps`` becomes a ``liger_nn.PolyNorm`` sharing those parameters.  Per model.
 
 Before anything is swapped, each candidate is checked numerically against its
-original on a tiny float32 CPU input (the rotary function of each modeling
-module, each distinct PolyNorm class); a candidate that disagrees is left
-alone and the report says why.  GroupNorm needs no check: the class is exact.
+original on tiny float32 CPU inputs (each rotary function in its convention's
+layouts, with random tables; each distinct PolyNorm class); a candidate that
+disagrees is left alone and the report says why.  GroupNorm needs no check: the class is exact.
 
 The returned ``LigerPatch`` reports what was replaced and what was left alone,
 and undoes everything with ``remove()`` or on leaving a ``with`` block.
@@ -44,30 +50,92 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from liger_nn import hf_rotary
 from liger_nn.group_norm import GroupNorm
 from liger_nn.poly_norm import PolyNorm
 from liger_nn.rope import apply_rotary_pos_emb as _liger_apply_rotary_pos_emb
 
+
+@dataclass(frozen=True)
+class RotaryConvention:
+    """How one kind of transformers rotary function maps onto torch.ops.liger.rope.
+
+    adapter: the liger function with that kind's math (liger_nn/rope.py,
+    liger_nn/hf_rotary.py).  options: the op's options, for the report.
+    partial: the original itself rotates only R = cos.shape[-1] < head_dim
+    dims, so the patch-time check covers narrow tables too.  packed: (T, H, D)
+    tokens with (T, R) tables and no unsqueeze_dim."""
+
+    adapter: Callable
+    options: str
+    partial: bool = False
+    packed: bool = False
+
+
+ROPE_CONVENTIONS: dict[str, RotaryConvention] = {
+    "halves": RotaryConvention(_liger_apply_rotary_pos_emb, "pairs='halves'"),
+    "partial": RotaryConvention(_liger_apply_rotary_pos_emb, "pairs='halves', partial rotary", partial=True),
+    "interleaved": RotaryConvention(hf_rotary.apply_rotary_pos_emb_interleaved, "pairs='interleaved'"),
+    "glm": RotaryConvention(
+        hf_rotary.apply_rotary_pos_emb_glm,
+        "pairs='interleaved', partial rotary, tables' first half repeat-interleaved",
+        partial=True,
+    ),
+    "interleaved_to_halves": RotaryConvention(
+        hf_rotary.apply_rotary_pos_emb_interleave, "pairs='interleaved_to_halves'"
+    ),
+    "vision": RotaryConvention(
+        hf_rotary.apply_rotary_pos_emb_vision, "packed tokens (T, H, D), pairs='halves'", packed=True
+    ),
+}
+
+_LLAMA = (("apply_rotary_pos_emb", "halves"),)
+_PARTIAL = (("apply_rotary_pos_emb", "partial"),)
+_QWEN_VL = (("apply_rotary_pos_emb", "halves"), ("apply_rotary_pos_emb_vision", "vision"))
+
 # transformers model types (the ``models/<name>/modeling_<name>.py`` modules)
-# whose apply_rotary_pos_emb is HF's rotate_half formula; the patch-time check
-# confirms it against the installed version before swapping.
-ROPE_ARCHITECTURES: tuple[str, ...] = (
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "gemma",
-    "gemma2",
-    "granite",
-)
+# -> the module-level rotary functions their attention calls, each with its
+# convention; the patch-time check confirms each against the installed
+# version before swapping.  Read from transformers 5.17's modeling files:
+ROPE_FUNCTIONS: dict[str, tuple[tuple[str, str], ...]] = {
+    # HF's rotate_half formula over all of head_dim.
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "mixtral": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen2_moe": _LLAMA,
+    "qwen3": _LLAMA,
+    "qwen3_moe": _LLAMA,
+    "gemma": _LLAMA,
+    "gemma2": _LLAMA,
+    "granite": _LLAMA,
+    "olmo2": _LLAMA,  # casts the result back to q's dtype, as the op does anyway
+    # Partial rotary done by the attention (slice, rotate, cat): the function sees the rotary dims only.
+    "phi": _LLAMA,
+    "stablelm": _LLAMA,
+    # Partial rotary done by the function: dims cos.shape[-1]..head_dim pass through.
+    "phi3": _PARTIAL,
+    "gpt_neox": _PARTIAL,
+    "qwen3_next": _PARTIAL,
+    # GPT-J pairs: Cohere with interleaved tables, GLM-4 with halves tables (and partial rotary).
+    "cohere": (("apply_rotary_pos_emb", "interleaved"),),
+    "glm4": (("apply_rotary_pos_emb", "glm"),),
+    # The text model composes M-RoPE's sections into gathered (B, S, R) tables
+    # (Qwen2VLRotaryEmbedding) before the attention's rotate_half; the vision
+    # tower rotates packed tokens.
+    "qwen2_vl": _QWEN_VL,
+    "qwen2_5_vl": _QWEN_VL,
+    # MLA: the function used depends on config.rope_interleave.
+    "deepseek_v3": (("apply_rotary_pos_emb", "halves"), ("apply_rotary_pos_emb_interleave", "interleaved_to_halves")),
+}
+# The default allow-list.  An architecture added to it that ROPE_FUNCTIONS
+# does not know gets Llama's apply_rotary_pos_emb treatment (still checked).
+ROPE_ARCHITECTURES: tuple[str, ...] = tuple(ROPE_FUNCTIONS)
 
 # The versions the patch is tested with (CI on CPU and the CUDA machine).
 TESTED_TRANSFORMERS_VERSIONS: tuple[str, ...] = ("5.17.0",)
 
-_ROPE_NAME = "apply_rotary_pos_emb"
+_ROPE_PREFIX = "apply_rotary"  # the names of the rotary functions in modeling modules
 _MODELS_PREFIX = "transformers.models."
 # Float32 agreement the patch-time checks demand (fp32 kernel vs fp32 torch).
 _CHECK_RTOL = 1e-4
@@ -78,8 +146,9 @@ class Replacement:
     """One thing the patch looked at.
 
     kind: "rope", "group_norm" or "poly_norm".  target: the qualified submodule
-    name in the model ("" for the root), or for rope the Python module whose
-    function was swapped.  detail: what it was, or why it was left alone."""
+    name in the model ("" for the root), or for rope the rotary function's
+    qualified name (``transformers.models.<arch>.modeling_<arch>.<function>``).
+    detail: what it was, or why it was left alone."""
 
     kind: str
     target: str
@@ -95,9 +164,14 @@ class PatchReport:
         return sum(r.kind == kind for r in self.replaced)
 
     @property
-    def rope_modules(self) -> list[str]:
-        """The transformers modeling modules whose rotary function is patched."""
+    def rope_functions(self) -> list[str]:
+        """The rotary functions swapped for the op (qualified names)."""
         return [r.target for r in self.replaced if r.kind == "rope"]
+
+    @property
+    def rope_modules(self) -> list[str]:
+        """The transformers modeling modules with at least one rotary function swapped."""
+        return list(dict.fromkeys(name.rpartition(".")[0] for name in self.rope_functions))
 
     def __str__(self) -> str:
         lines = [f"replaced {len(self.replaced)}:"]
@@ -108,14 +182,17 @@ class PatchReport:
 
 
 # ---------------------------------------------------------------------------
-# rope: process-wide swap of a modeling module's apply_rotary_pos_emb,
+# rope: process-wide swap of a modeling module's rotary functions,
 # reference-counted so that several patched models share one swap.
 
 
 @dataclass
 class _RopeSwap:
-    original: Callable
-    replacement: Callable
+    """A modeling module's swapped functions: name -> (original, replacement,
+    convention); and the candidates left alone, name -> why."""
+
+    functions: dict[str, tuple[Callable, Callable, str]]
+    refused: dict[str, str]
     holders: int = 0
 
 
@@ -123,24 +200,34 @@ _ROPE_SWAPS: dict[str, _RopeSwap] = {}
 _ROPE_LOCK = threading.Lock()
 
 
-def _make_hf_rope(original: Callable) -> Callable:
-    """A function with the original's signature, q, k, cos, sin[, position_ids],
-    unsqueeze_dim=1, that runs torch.ops.liger.rope.  cos/sin are cast to q's
-    dtype (HF would type-promote instead, e.g. float32 tables with bf16 q
-    under autocast); the op needs one dtype."""
-    params = list(inspect.signature(original).parameters)
-    if params == ["q", "k", "cos", "sin", "unsqueeze_dim"]:
+def _make_hf_rope(original: Callable, adapter: Callable) -> Callable:
+    """A function with the original's parameters that calls ``adapter``
+    (which takes q, k, cos, sin[, unsqueeze_dim=...]).  Accepted: transformers
+    5.x's (q, k, cos, sin, unsqueeze_dim=1), 4.x's (q, k, cos, sin,
+    position_ids=None, unsqueeze_dim=1) and the vision form (q, k, cos, sin)."""
+    params = inspect.signature(original).parameters
+    names = list(params)
+    defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    if names == ["q", "k", "cos", "sin", "unsqueeze_dim"] and defaults == {"unsqueeze_dim": 1}:
 
         def liger_rope(q, k, cos, sin, unsqueeze_dim=1):
-            return _liger_apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype), unsqueeze_dim=unsqueeze_dim)
+            return adapter(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
-    elif params == ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"]:
+    elif names == ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"] and defaults == {
+        "position_ids": None,
+        "unsqueeze_dim": 1,
+    }:
 
         def liger_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-            return _liger_apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype), unsqueeze_dim=unsqueeze_dim)
+            return adapter(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    elif names == ["q", "k", "cos", "sin"] and not defaults:
+
+        def liger_rope(q, k, cos, sin):
+            return adapter(q, k, cos, sin)
 
     else:
-        raise _Skip(f"unknown signature {tuple(params)}")
+        raise _Skip(f"unknown signature {inspect.signature(original)}")
     functools.update_wrapper(liger_rope, original)
     del liger_rope.__wrapped__  # not a wrapper: inspect/dynamo must not look through it
     liger_rope.__liger_original__ = original
@@ -158,15 +245,29 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool((a - b).norm() <= _CHECK_RTOL * b.norm())
 
 
-def _check_rope(original: Callable, replacement: Callable) -> None:
-    """Both functions on tiny float32 CPU inputs, (B, H, S, D) with full-width
-    (B, S, D) tables and (B, S, H, D) with unsqueeze_dim=2."""
+def _rope_check_cases(convention: RotaryConvention) -> list[tuple[tuple, dict]]:
+    """Tiny float32 CPU inputs: (B, H, S, D) q and k with (B, S, R) tables, and
+    (B, S, H, D) with unsqueeze_dim=2; or (T, H, D) with (T, R) for packed
+    tokens.  R = D, and R < D too for partial conventions.  Random tables
+    (not cos/sin of angles): each table entry must be used where the original
+    uses it.  D = 10: a head_dim that is no power of two."""
     gen = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=gen)
-    cos, sin = rand(2, 5, 8), rand(2, 5, 8)
-    q, k = rand(2, 3, 5, 8), rand(2, 1, 5, 8)
-    cases = [((q, k, cos, sin), {}), ((q.transpose(1, 2), k.transpose(1, 2), cos, sin), {"unsqueeze_dim": 2})]
-    for args, kwargs in cases:
+    head_dim = 10
+    widths = (head_dim, 4) if convention.partial else (head_dim,)
+    cases: list[tuple[tuple, dict]] = []
+    for rot in widths:
+        if convention.packed:
+            cases.append(((rand(6, 3, head_dim), rand(6, 1, head_dim), rand(6, rot), rand(6, rot)), {}))
+            continue
+        q, k, cos, sin = rand(2, 3, 3, head_dim), rand(2, 1, 3, head_dim), rand(2, 3, rot), rand(2, 3, rot)
+        cases.append(((q, k, cos, sin), {}))
+        cases.append(((q.transpose(1, 2), k.transpose(1, 2), cos, sin), {"unsqueeze_dim": 2}))
+    return cases
+
+
+def _check_rope(original: Callable, replacement: Callable, convention: RotaryConvention) -> None:
+    for args, kwargs in _rope_check_cases(convention):
         try:
             expected = original(*args, **kwargs)
             got = replacement(*args, **kwargs)
@@ -176,21 +277,55 @@ def _check_rope(original: Callable, replacement: Callable) -> None:
             raise _Skip("patch-time check: the op's output differs from the original function's")
 
 
-def _acquire_rope(module_name: str) -> str:
-    """Swap module_name's apply_rotary_pos_emb (or join an existing swap); returns a description."""
+def _rope_candidates(module: ModuleType) -> list[str]:
+    """The module's rotary functions by name (apply_rotary*), defined or not in ROPE_FUNCTIONS."""
+    return [n for n, v in vars(module).items() if n.startswith(_ROPE_PREFIX) and callable(v)]
+
+
+def _swap_rope(module: ModuleType, specs: tuple[tuple[str, str], ...]) -> _RopeSwap:
+    """Check and make every swap ``specs`` names (the caller holds the lock)."""
+    functions: dict[str, tuple[Callable, Callable, str]] = {}
+    refused: dict[str, str] = {}
+    known = dict(specs)
+    for name in dict.fromkeys([*known, *_rope_candidates(module)]):
+        original = getattr(module, name, None)
+        if not callable(original):
+            refused[name] = "not defined by this transformers version"
+            continue
+        if name not in known:
+            refused[name] = "no liger convention is registered for it (ROPE_FUNCTIONS)"
+            continue
+        convention = ROPE_CONVENTIONS[known[name]]
+        try:
+            replacement = _make_hf_rope(original, convention.adapter)
+            _check_rope(original, replacement, convention)
+        except _Skip as why:
+            refused[name] = str(why)
+            continue
+        functions[name] = (original, replacement, known[name])
+    for name, (_, replacement, _) in functions.items():
+        setattr(module, name, replacement)
+    return _RopeSwap(functions, refused)
+
+
+def _acquire_rope(module_name: str, specs: tuple[tuple[str, str], ...]) -> _RopeSwap:
+    """Swap module_name's rotary functions (or join an existing swap).  Returns
+    the swap (its ``functions`` empty when every candidate was left alone, and
+    then nothing is held)."""
     with _ROPE_LOCK:
-        swap = _ROPE_SWAPS.get(module_name)
         module = sys.modules[module_name]
+        swap = _ROPE_SWAPS.get(module_name)
         if swap is None:
-            original = getattr(module, _ROPE_NAME)
-            replacement = _make_hf_rope(original)
-            _check_rope(original, replacement)
-            swap = _ROPE_SWAPS[module_name] = _RopeSwap(original, replacement)
-            setattr(module, _ROPE_NAME, replacement)
-        elif getattr(module, _ROPE_NAME) is not swap.replacement:
-            raise _Skip(f"{module_name}.{_ROPE_NAME} was replaced by someone else after this library patched it")
+            swap = _swap_rope(module, specs)
+            if not swap.functions:
+                return swap
+            _ROPE_SWAPS[module_name] = swap
+        else:
+            for name, (_, replacement, _) in swap.functions.items():
+                if getattr(module, name) is not replacement:
+                    raise _Skip(f"{module_name}.{name} was replaced by someone else after this library patched it")
         swap.holders += 1
-        return f"{_ROPE_NAME} -> torch.ops.liger.rope (process-wide, {swap.holders} holder(s))"
+        return swap
 
 
 def _release_rope(module_name: str) -> None:
@@ -201,18 +336,19 @@ def _release_rope(module_name: str) -> None:
             return
         del _ROPE_SWAPS[module_name]
         module = sys.modules[module_name]
-        if getattr(module, _ROPE_NAME) is swap.replacement:
-            setattr(module, _ROPE_NAME, swap.original)
-        else:
-            warnings.warn(
-                f"{module_name}.{_ROPE_NAME} was replaced by someone else after liger_nn patched it; "
-                "leaving their function in place",
-                stacklevel=3,
-            )
+        for name, (original, replacement, _) in swap.functions.items():
+            if getattr(module, name) is replacement:
+                setattr(module, name, original)
+            else:
+                warnings.warn(
+                    f"{module_name}.{name} was replaced by someone else after liger_nn patched it; "
+                    "leaving their function in place",
+                    stacklevel=3,
+                )
 
 
 def rope_patched_modules() -> dict[str, int]:
-    """The modeling modules whose rotary function is swapped now, with their holder counts."""
+    """The modeling modules whose rotary functions are swapped now, with their holder counts."""
     with _ROPE_LOCK:
         return {name: swap.holders for name, swap in _ROPE_SWAPS.items()}
 
@@ -368,21 +504,25 @@ def _patch_rope(model: nn.Module, architectures: frozenset[str], handle: LigerPa
     report = handle.report
     for module_name in _modeling_modules(model):
         module: ModuleType = importlib.import_module(module_name)
-        if not callable(getattr(module, _ROPE_NAME, None)):
+        candidates = _rope_candidates(module)
+        if not candidates:
             continue
         arch = _arch_of(module_name)
         if arch not in architectures:
-            report.left_alone.append(
-                Replacement("rope", module_name, f"architecture {arch!r} is not in the rotary allow-list")
-            )
+            why = f"architecture {arch!r} is not in the rotary allow-list"
+            report.left_alone += [Replacement("rope", f"{module_name}.{name}", why) for name in candidates]
             continue
         try:
-            detail = _acquire_rope(module_name)
+            swap = _acquire_rope(module_name, ROPE_FUNCTIONS.get(arch, _LLAMA))
         except _Skip as why:
-            report.left_alone.append(Replacement("rope", module_name, str(why)))
+            report.left_alone += [Replacement("rope", f"{module_name}.{name}", str(why)) for name in candidates]
             continue
-        handle._rope_modules.append(module_name)
-        report.replaced.append(Replacement("rope", module_name, detail))
+        for name, (_, _, convention) in swap.functions.items():
+            detail = f"torch.ops.liger.rope({ROPE_CONVENTIONS[convention].options}), process-wide, "
+            report.replaced.append(Replacement("rope", f"{module_name}.{name}", detail + f"{swap.holders} holder(s)"))
+        report.left_alone += [Replacement("rope", f"{module_name}.{name}", why) for name, why in swap.refused.items()]
+        if swap.functions:
+            handle._rope_modules.append(module_name)
 
 
 def _patch_modules(model: nn.Module, group_norm: bool, poly_norm: bool, handle: LigerPatch) -> None:

@@ -21,7 +21,11 @@ not reused for overlapping ones.
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+try:  # torch >= 2.12
+    from torch.fx.experimental.symbolic_shapes import optimization_hint as _size_hint
+except ImportError:  # torch 2.11
+    from torch.fx.experimental.symbolic_shapes import hint_int as _size_hint
 
 MAX_STEPS = 100_000
 
@@ -37,7 +41,7 @@ class _Budget:
 
 
 def _int(v) -> int:
-    return optimization_hint(v) if isinstance(v, torch.SymInt) else int(v)
+    return _size_hint(v) if isinstance(v, torch.SymInt) else int(v)
 
 
 def _layout(t: torch.Tensor) -> tuple[int, list[tuple[int, int]]]:
@@ -90,7 +94,8 @@ def self_overlapping(t: torch.Tensor) -> bool:
     # The first non-zero coefficient (largest stride first) may be taken positive.
     for i, (stride, top) in enumerate(dims):
         rest = _merged([(g, -m, m) for g, m in dims[i + 1 :]])
-        if any(_reachable(-c * stride, rest, budget) for c in range(1, top + 1)):
+        reach = sum(g * m for g, _, m in rest)  # the smaller strides span [-reach, reach]
+        if any(_reachable(-c * stride, rest, budget) for c in range(1, min(top, reach // stride) + 1)):
             return True
     return False
 

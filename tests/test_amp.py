@@ -78,7 +78,7 @@ class Net(nn.Module):
             else:  # HF's formula promotes to the tables' float32; the op keeps q's dtype (docs/ops.md)
                 q_embed, k_embed = hf_rope(q, k, cos[None], sin[None], unsqueeze_dim=1)
                 q, k = q_embed.to(q.dtype), k_embed.to(k.dtype)
-        return (q * k).sum(-1)
+        return (q @ k.transpose(-1, -2)).diagonal(dim1=-2, dim2=-1)  # (q * k).sum(-1), which CUDA autocasts to fp32
 
 
 def _tables(seq: int, device: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -95,7 +96,7 @@ def test_harness_cpu_smoke_runs_both_timers(tmp_path, capsys):
         ["--device", "cpu", "--sets", "tiny", "--providers", "liger,torch", "--rep", "1", "--out", str(tmp_path)]
     )
     assert rc == 0
-    for op in shapes.OPS:
+    for op in shapes.DEFAULT_OPS:
         records = json.loads((tmp_path / f"{op}.json").read_text())
         _check_records(records, op, ("liger", "torch"), ("graph", "eager"), "tiny")
         got = {
@@ -110,6 +111,154 @@ def test_harness_cpu_smoke_runs_both_timers(tmp_path, capsys):
     assert "| poly_norm | tiny | H=64 float32 | forward |" in text and "| group_norm | tiny |" in text
     out = capsys.readouterr().out
     assert "WARNING" not in out and "L2 flush checked" not in out  # the flush check is a CUDA step
+
+
+# --------------------------------------------------------------------------
+# rope's options (the rope_* variant ops)
+
+
+def _variant_sweeps(set_name):
+    return [s for op in shapes.ROPE_VARIANTS for s in shapes.sweeps(op, set_name)]
+
+
+def test_rope_variant_set_holds_the_issue_shapes_and_counts_their_bytes():
+    from csrc_free_ops.rope.reference import pair_streams  # the op's own definition of M-RoPE's streams
+
+    by_name = {(s.op, s.config.get("variant")): s for s in _variant_sweeps("variants")}
+    packed = [by_name[("rope_packed", v)] for v in ("cu_seqlens", "position_ids")]
+    for sweep in packed:
+        cfg = sweep.config
+        assert len(cfg["doc_lens"]) == 8 and len(set(cfg["doc_lens"])) == 8 and sweep.x_values == (16384,)
+        assert sum(cfg["doc_lens"]) == 16384 and (cfg["n_q_heads"], cfg["n_kv_heads"], cfg["head_dim"]) == (32, 8, 128)
+    qwen2, qwen3 = by_name[("rope_mrope", "qwen2_vl")].config, by_name[("rope_mrope", "qwen3_vl")].config
+    assert qwen2["mrope_section"] == [16, 24, 24] and not qwen2["mrope_interleaved"] and qwen2["head_dim"] == 128
+    assert qwen3["mrope_section"] == [24, 20, 20] and qwen3["mrope_interleaved"] and qwen3["head_dim"] == 128
+    llama = by_name[("rope_position_ids", "llama")].config
+    assert (llama["n_q_heads"], llama["n_kv_heads"], llama["head_dim"]) == (32, 8, 128)
+    assert by_name[("rope_partial", "phi3")].config["rotary_dim"] < 128
+    assert {by_name[("rope_interleaved", v)].config["rotary_dim"] for v in ("cohere", "glm")} == {128, 64}
+    assert "n_q_heads" not in by_name[("rope_k_only", None)].config
+    # No variant sweep in the other sets, and the original rope sweeps are untouched.
+    assert all(shapes.sweeps(op, "seeds") == [] for op in shapes.ROPE_VARIANTS)
+    assert shapes.sweeps("rope", "variants") == []
+    # By hand: 16384 tokens x 40 heads x 128 dims, read and written in bf16; cos and sin rows
+    # 0..4095 (the longest document); 9 int32 cu_seqlens, or 16384 int64 position ids.
+    shape = packed[0].shape(16384)
+    act = 2 * 16384 * 40 * 128 * 2
+    assert nbytes.min_bytes("rope_packed", shape, "forward") == act + 2 * 4096 * 128 * 2 + 9 * 4
+    assert nbytes.min_bytes("rope_packed", shape, "full") == 2 * (act + 2 * 4096 * 128 * 2 + 9 * 4)
+    assert nbytes.min_bytes("rope_packed", packed[1].shape(16384), "backward") == act + 2 * 4096 * 128 * 2 + 16384 * 8
+    # Qwen3-VL's interleaving over 64 pairs: h at 1, 4, ..., 58 (20), w at 2, 5, ..., 59 (20), t the other 24.
+    assert nbytes.mrope_pairs_per_stream(64, [24, 20, 20], True) == (24, 20, 20)
+    assert nbytes.mrope_pairs_per_stream(4, [2, 1, 1], True) == (2, 1, 1)
+    for half, section in ((8, [2, 3, 3]), (8, [4, 2, 2]), (64, [16, 24, 24]), (64, [24, 20, 20])):
+        for il in (False, True):
+            counts = tuple(pair_streams(half, section, il).bincount(minlength=3).tolist())
+            assert nbytes.mrope_pairs_per_stream(half, section, il) == counts, (half, section, il)
+    assert shapes.describe(packed[0].shape(16384), "T") == "T=16384 cu_seqlens"
+
+
+def _used_table_entries(op, shape, args):
+    """Distinct (row, column) entries of one table the call reads, counted from its own ids."""
+    rot = shape.get("rotary_dim", shape["head_dim"])
+    if op in ("rope_interleaved", "rope_partial"):
+        return shape["T"] * rot
+    if op == "rope_packed" and shape["variant"] == "cu_seqlens":
+        return max(shape["doc_lens"]) * rot
+    ids = args[-1]
+    if op != "rope_mrope":
+        return ids.unique().numel() * rot
+    section, il = shape["mrope_section"], shape["mrope_interleaved"]
+    streams = nbytes.mrope_pairs_per_stream(rot // 2, section, il)
+    return sum(2 * n * ids[s].unique().numel() for s, n in enumerate(streams))
+
+
+def test_rope_variant_bytes_match_what_the_inputs_hold():
+    from bench import rope_variants
+
+    for sweep in _variant_sweeps("tiny"):
+        shape = sweep.shape(sweep.x_values[0])
+        plan = rope_variants.plan(sweep.op, shape, "cpu")
+        e = plan.stores[0].element_size()
+        data = sum(2 * x.numel() * e for x in plan.stores)
+        ids = sum(t.numel() * t.element_size() for t in plan.liger_args[len(plan.stores) + 2 :])
+        if sweep.op == "rope_packed" and shape["variant"] == "cu_seqlens":
+            ids = (len(shape["doc_lens"]) + 1) * 4
+        moved = data + 2 * _used_table_entries(sweep.op, shape, plan.liger_args) * e + ids
+        assert nbytes.min_bytes(sweep.op, shape, "forward") == moved, sweep
+        assert nbytes.min_bytes(sweep.op, shape, "full") == 2 * moved
+
+
+def test_rope_variant_providers_agree_with_hf_in_float64():
+    """Every provider's outputs and gradients (float32) against the torch provider, HF's functions
+    run in float64 on the same values (the tiny inputs are float32, exactly representable)."""
+    from bench import providers
+    from tests.helpers import DEVICE, assert_close_to_ref
+
+    provs = ["liger", "torch"]
+    try:
+        providers._upstream()
+        provs.append("liger_kernel")
+    except providers.ProviderUnavailable:
+        pass
+    for sweep in _variant_sweeps("tiny"):
+        shape = sweep.shape(sweep.x_values[0])
+        ref = providers.build(sweep.op, "torch", {**shape, "dtype": "float64"}, DEVICE)
+        ref_out = ref.forward()
+        g = torch.Generator(device=DEVICE).manual_seed(5)
+        grads_out = [torch.randn(o.shape, generator=g, device=DEVICE, dtype=torch.float64) for o in ref_out]
+        ref_grads = torch.autograd.grad(ref_out, ref.grad_inputs, grads_out)
+        for prov in provs:
+            where = f"{sweep.op} {sweep.tag} {prov}"
+            if prov == "liger_kernel" and "no_upstream" in shape:
+                with pytest.raises(providers.ProviderUnavailable, match=re.escape(shape["no_upstream"])):
+                    providers.build(sweep.op, prov, shape, DEVICE)
+                continue
+            built = providers.build(sweep.op, prov, shape, DEVICE)
+            out = built.forward()
+            grads = torch.autograd.grad(out, built.grad_inputs, [x.float() for x in grads_out])
+            assert len(out) == len(ref_out) and len(grads) == len(ref_grads), where
+            for got, want in zip((*out, *grads), (*ref_out, *ref_grads), strict=True):
+                assert_close_to_ref(got, want, torch.float32, where)
+
+
+@ON_CPU
+def test_harness_runs_the_rope_variants(tmp_path, capsys):
+    """Two of the variant ops end to end (each variant's builder runs in the test above): one
+    without an upstream equivalent and one output, one with two variants per op."""
+    from bench.plots import plot
+
+    ops = ("rope_k_only", "rope_packed")
+    argv = ["--device", "cpu", "--ops", ",".join(ops), "--sets", "tiny", "--modes", "forward", "--timer", "eager"]
+    argv += ["--providers", "liger,torch,liger_kernel", "--rep", "1", "--no-plots", "--out", str(tmp_path)]
+    assert run.main(argv) == 0
+    for op in ops:
+        records = json.loads((tmp_path / f"{op}.json").read_text())
+        _check_records(records, op, ("liger", "torch"), ("eager",), "tiny")
+        assert {r["kernel_provider"] for r in records} == {"liger", "torch"}
+        skips = json.loads((tmp_path / f"{op}_skips.json").read_text())
+        assert {s["provider"] for s in skips} == {"liger_kernel"}
+    skips = json.loads((tmp_path / "rope_k_only_skips.json").read_text())
+    assert {s["reason"] for s in skips} == {f"ProviderUnavailable: {shapes.NO_SINGLE}"}
+    text = (tmp_path / "summary.md").read_text()
+    for label in ("T=8 cu_seqlens", "T=8 position_ids"):
+        assert f"| rope_packed | tiny | {label} float32 | forward |" in text, label
+    k_only = next(line for line in text.splitlines() if line.startswith("| rope_k_only | tiny | T=3 float32 |"))
+    assert k_only.endswith("unmeasured compile) |") and "liger_kernel" not in k_only  # not a rival there
+    packed = next(line for line in text.splitlines() if line.startswith("| rope_packed | tiny | T=8 cu"))
+    assert "unmeasured liger_kernel,compile" in packed
+    assert "No liger_kernel equivalent, so not a rival in these rows: rope_k_only" in text
+    assert "WARNING" not in capsys.readouterr().out
+    (png,) = plot(json.loads((tmp_path / "rope_packed.json").read_text()), tmp_path)
+    assert png.name == "rope_packed_tiny.png" and png.stat().st_size > 0
+
+
+def test_the_rope_variant_gpu_command_fits_in_four_minutes():
+    """The command bench/README.md gives for the variants alone, by the harness's own estimate."""
+    args = run.parse_args(["--ops", "rope_variants", "--sets", "variants", "--timer", "graph,eager"])
+    assert args.ops == list(shapes.ROPE_VARIANTS)
+    sweeps = [s for op in args.ops for s in shapes.sweeps(op, "variants")]
+    assert run.estimate_seconds(args, sweeps, 10.0, 50.0) < 240
 
 
 @ON_CPU

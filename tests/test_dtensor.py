@@ -20,6 +20,7 @@ import json
 import pytest
 import torch.multiprocessing as mp
 
+from csrc_free_ops import interpreter
 from tests.dist import op_cases, suites
 from tests.dist.harness import spawn_worker
 
@@ -52,8 +53,12 @@ def _run(group: str, tmp_path_factory) -> list[dict]:
 
 @pytest.mark.parametrize("group,name", [(group, name) for group, (_, _, names) in GROUPS.items() for name in names])
 def test_case(group, name, tmp_path_factory):
-    ranks = _run(group, tmp_path_factory)
     interpret = GROUPS[group][1]
+    if interpret and interpreter.blocker():
+        pytest.skip(interpreter.blocker())
+    if name == "tp_llama/dtensor_heads" and op_cases.TORCH_BEFORE_2_12:
+        pytest.skip("torch 2.11's DTensor cannot run transformers' attention matmul on head-sharded q/k/v")
+    ranks = _run(group, tmp_path_factory)
     for rank, seen in enumerate(ranks):
         assert seen["interpreter"] == interpret, f"rank {rank} ran the {'reference' if interpret else 'kernels'}"
         error = seen["results"][name]

@@ -55,6 +55,29 @@ def test_triton_interpret_set_after_triton_was_imported_fails_at_import_saying_w
     assert "before anything imports triton" in done.stderr
 
 
+def test_an_interpreter_that_cannot_run_the_kernels_beside_this_numpy_fails_at_import(monkeypatch):
+    """Triton 3.6's interpreter int()s 1-element arrays, which NumPy 2.4.6 refuses (seen on the
+    H200 machine: every loop starting at tl.program_id failed); 3.7 squeezes them first."""
+    import numpy as np
+    import triton
+
+    from csrc_free_ops import interpreter
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert interpreter.blocker() is None  # this machine's triton (3.7+)
+    interpreter.check_interpreter_runs()
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    try:
+        int(np.array([0]))
+    except TypeError:
+        with pytest.raises(RuntimeError, match=r"Triton 3\.6\.0's interpreter cannot run .*triton>=3\.7"):
+            interpreter.check_interpreter_runs()
+    else:
+        assert interpreter.blocker() is None  # an older NumPy still converts them
+    monkeypatch.delenv("TRITON_INTERPRET")
+    interpreter.check_interpreter_runs()  # not asked for: nothing to refuse
+
+
 # --- help() on an op ---------------------------------------------------------
 
 

@@ -205,6 +205,7 @@ def test_rope_swap_is_reference_counted_and_restored(hf):
         assert modeling.apply_rotary_pos_emb is patched
         assert rope_patched_modules() == {modeling.__name__: 2}
         assert second.report.rope_modules == [modeling.__name__]
+        assert second.report.rope_functions == [f"{modeling.__name__}.apply_rotary_pos_emb"]
     assert modeling.apply_rotary_pos_emb is patched, "released while the first model still holds it"
     first.remove()
     assert modeling.apply_rotary_pos_emb is original
@@ -224,10 +225,11 @@ def test_rope_adapter_layouts_and_table_dtype(hf):
         ):
             for got, want in zip(patched(*args, **kwargs), original(*args, **kwargs), strict=True):
                 assert _rel(got, want) <= 1e-5
-        # bf16 q/k with float32 tables (autocast): the tables are cast to q's dtype.
-        q_out, _ = patched(q.bfloat16(), k.bfloat16(), cos, sin)
+        # bf16 q/k with float32 tables (autocast): float32 math, q's dtype out.
+        q16, k16 = q.bfloat16(), k.bfloat16()
+        q_out, _ = patched(q16, k16, cos, sin)
         assert q_out.dtype == torch.bfloat16
-        assert _rel(q_out.float(), original(q, k, cos, sin)[0]) <= 2e-2
+        assert _rel(q_out.float(), original(q16.float(), k16.float(), cos, sin)[0]) <= 1e-2
 
 
 def test_rope_left_alone_outside_allow_list_or_when_check_fails(hf, monkeypatch):
@@ -235,7 +237,7 @@ def test_rope_left_alone_outside_allow_list_or_when_check_fails(hf, monkeypatch)
     model = _llama(hf)
     with apply_liger_ops(model, rope_architectures=()) as patch:
         assert patch.report.replaced == []
-        assert [r.target for r in patch.report.left_alone] == [modeling.__name__]
+        assert [r.target for r in patch.report.left_alone] == [f"{modeling.__name__}.apply_rotary_pos_emb"]
         assert "allow-list" in patch.report.left_alone[0].detail
     with apply_liger_ops(model, rope=False) as patch:
         assert patch.report.replaced == [] and patch.report.left_alone == []
@@ -266,3 +268,255 @@ def test_rope_remove_keeps_a_later_foreign_patch(hf, monkeypatch):
         assert modeling.apply_rotary_pos_emb is foreign
     finally:
         modeling.apply_rotary_pos_emb = original
+
+
+# --- every architecture of ROPE_FUNCTIONS beyond Llama's ---------------------
+#
+# Tiny randomly initialised models (one decoder layer, hidden 32, float32,
+# eager attention; the VL models get one vision block and an image):
+# the patched model's logits match the unpatched model's, and the liger ops
+# are what ran.  References are computed before patching: the swap is
+# process-wide for an architecture.
+
+VOCAB = 64
+IMAGE, VISION_START, VISION_END = 60, 62, 63  # token ids of the VL models' tiny vocabulary
+LOGITS_RTOL = 1e-5  # fp32 kernel against fp32 torch
+_TEXT = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,  # GQA
+    max_position_embeddings=64,
+    initializer_range=0.2,  # far from uniform logits
+)
+_MOE = dict(num_experts_per_tok=2, moe_intermediate_size=16)
+_DEEPSEEK = dict(
+    _TEXT, num_key_value_heads=2, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+    v_head_dim=8, n_routed_experts=4, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1, **_MOE,
+)  # fmt: skip
+_VL_TEXT = dict(_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]})
+_VL_TOKENS = dict(image_token_id=IMAGE, video_token_id=61, vision_start_token_id=VISION_START,
+                  vision_end_token_id=VISION_END)  # fmt: skip
+_VISION = dict(depth=1, num_heads=2, patch_size=2, spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.2)
+
+# arch -> (config class name, its kwargs, whether the model takes an image)
+TINY: dict[str, tuple[str, dict, bool]] = {
+    "olmo2": ("Olmo2Config", _TEXT, False),
+    "phi": ("PhiConfig", dict(_TEXT, partial_rotary_factor=0.5), False),
+    "stablelm": ("StableLmConfig", dict(_TEXT, partial_rotary_factor=0.25), False),
+    "phi3": ("Phi3Config", dict(_TEXT, partial_rotary_factor=0.5, pad_token_id=0), False),
+    "gpt_neox": ("GPTNeoXConfig", dict(_TEXT, num_key_value_heads=None, rotary_pct=0.25), False),
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        dict(
+            _TEXT,
+            head_dim=16,
+            layer_types=["full_attention"],
+            num_experts=4,
+            shared_expert_intermediate_size=16,
+            **_MOE,
+        ),  # fmt: skip
+        False,
+    ),
+    "cohere": ("CohereConfig", dict(_TEXT, pad_token_id=0), False),
+    "glm4": ("Glm4Config", dict(_TEXT, pad_token_id=0), False),  # partial_rotary_factor 0.5 by default
+    "deepseek_v3": ("DeepseekV3Config", _DEEPSEEK, False),  # rope_interleave=True by default
+    "deepseek_v3-halves": ("DeepseekV3Config", dict(_DEEPSEEK, rope_interleave=False), False),
+    "qwen2_vl": (
+        "Qwen2VLConfig",
+        dict(
+            text_config=_VL_TEXT, vision_config=dict(_VISION, embed_dim=16, hidden_size=32, mlp_ratio=2), **_VL_TOKENS
+        ),  # fmt: skip
+        True,
+    ),
+    "qwen2_5_vl": (
+        "Qwen2_5_VLConfig",
+        dict(
+            text_config=_VL_TEXT,
+            vision_config=dict(
+                _VISION,
+                hidden_size=16,
+                intermediate_size=32,
+                out_hidden_size=32,
+                window_size=8,
+                fullatt_block_indexes=[0],
+            ),
+            **_VL_TOKENS,
+        ),  # fmt: skip
+        True,
+    ),
+}
+
+
+def tiny_arch_model(transformers, name: str) -> nn.Module:
+    config_cls, kwargs, multimodal = TINY[name]
+    config = getattr(transformers, config_cls)(**copy.deepcopy(kwargs))
+    auto = transformers.AutoModelForImageTextToText if multimodal else transformers.AutoModelForCausalLM
+    torch.manual_seed(0)
+    return auto.from_config(config, attn_implementation="eager").to(DEVICE, torch.float32)
+
+
+def tiny_batch(name: str, seed: int, batch: int) -> dict[str, torch.Tensor]:
+    """Random tokens (6 per sample: the interpreter's cost grows with the
+    rows); for the VL models one 2x4-patch image per sample, whose two merged
+    tokens get M-RoPE positions that differ between the streams."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, IMAGE, (batch, 6), generator=gen)
+    inputs = {"input_ids": ids, "use_cache": False}
+    if TINY[name][2]:
+        ids[:, 1], ids[:, 2:4], ids[:, 4] = VISION_START, IMAGE, VISION_END
+        patch_dim = 3 * 2 * 2 * 2  # channels * temporal_patch_size * patch_size**2
+        inputs.update(
+            pixel_values=torch.randn(batch * 8, patch_dim, generator=gen),
+            image_grid_thw=torch.tensor([[1, 2, 4]] * batch),
+            mm_token_type_ids=(ids == IMAGE).int(),
+        )
+    return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def expected_rope_functions(arch: str) -> list[str]:
+    from liger_nn.patching import ROPE_FUNCTIONS
+
+    module = f"transformers.models.{arch}.modeling_{arch}"
+    return [f"{module}.{function}" for function, _ in ROPE_FUNCTIONS[arch]]
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_rope_of_each_architecture_runs_the_op(hf, name):
+    from tests.test_e2e_training import LigerOpCounter
+
+    arch = name.split("-")[0]
+    model = tiny_arch_model(hf, name).eval()
+    inputs = tiny_batch(name, seed=1, batch=1 if TINY[name][2] else 2)
+    with torch.no_grad(), LigerOpCounter() as counter:
+        want = model(**inputs).logits
+    assert not counter.calls, "the reference run used the liger ops"
+    with apply_liger_ops(model) as patch:
+        assert patch.report.rope_functions == expected_rope_functions(arch), str(patch.report)
+        assert not [r for r in patch.report.left_alone if r.kind == "rope"], str(patch.report)
+        with torch.no_grad(), LigerOpCounter() as counter:
+            got = model(**inputs).logits
+    # One rope per attention layer: the text layer, and the vision block of the VL models.
+    assert counter.calls == {"rope": 2 if TINY[name][2] else 1}, counter.calls
+    assert _rel(got, want) <= LOGITS_RTOL
+
+
+@pytest.mark.parametrize(
+    ("arch", "foreign_arch", "reason"),
+    [
+        ("cohere", "glm4", "differs"),  # GPT-J pairs on the wrong tables
+        ("glm4", "cohere", "differs"),
+        ("deepseek_v3", "llama", "differs"),  # rotate_half where DeepSeek de-interleaves
+        ("phi3", "llama", "raised"),  # no partial rotary
+    ],
+)
+def test_rope_check_refuses_another_convention(hf, monkeypatch, arch, foreign_arch, reason):
+    """Each convention's patch-time check tells it from its neighbour: the
+    architecture's function replaced by another architecture's is left alone."""
+    import importlib
+
+    from liger_nn.patching import ROPE_FUNCTIONS
+
+    modeling = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    foreign = importlib.import_module(f"transformers.models.{foreign_arch}.modeling_{foreign_arch}")
+    function = ROPE_FUNCTIONS[arch][-1][0]
+    monkeypatch.setattr(modeling, function, foreign.apply_rotary_pos_emb)
+    model = tiny_arch_model(hf, arch)
+    with apply_liger_ops(model) as patch:
+        left = {r.target: r.detail for r in patch.report.left_alone if r.kind == "rope"}
+        assert reason in left[f"{modeling.__name__}.{function}"], str(patch.report)
+        assert getattr(modeling, function) is foreign.apply_rotary_pos_emb
+
+
+def test_rope_unknown_function_of_an_allowed_module_is_reported(hf, monkeypatch):
+    modeling = hf.models.llama.modeling_llama
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb_extra", modeling.apply_rotary_pos_emb, raising=False)
+    with apply_liger_ops(_llama(hf)) as patch:
+        assert patch.report.rope_functions == [f"{modeling.__name__}.apply_rotary_pos_emb"]
+        left = {r.target: r.detail for r in patch.report.left_alone}
+        assert "no liger convention" in left[f"{modeling.__name__}.apply_rotary_pos_emb_extra"]
+        assert modeling.apply_rotary_pos_emb_extra.__name__ == "apply_rotary_pos_emb"  # untouched
+
+
+# --- training: one architecture per convention ------------------------------
+
+TRAIN_STEPS = 3
+
+
+def _train(model: nn.Module, name: str):
+    from tests.test_e2e_training import Trajectory
+
+    # SGD: AdamW turns the float noise of a gradient that is zero in exact math (a key bias over
+    # pass-through dims shifts every score of a query alike) into lr-sized steps of random sign
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = Trajectory()
+    for step in range(TRAIN_STEPS):
+        inputs = tiny_batch(name, seed=10 + step, batch=1)
+        loss = model(**inputs, labels=inputs["input_ids"]).loss
+        loss.backward()
+        out.losses.append(loss.item())
+        out.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        opt.step()
+        opt.zero_grad()
+    out.params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "phi3",  # partial rotary
+        "cohere",  # GPT-J pairs
+        "glm4",  # GPT-J pairs, halves tables, partial rotary
+        "deepseek_v3",  # interleaved_to_halves
+        "qwen2_vl",  # packed vision tokens; M-RoPE tables in the text model
+    ],
+)
+def test_patched_training_matches_unpatched(hf, name):
+    from tests.test_e2e_training import LigerOpCounter, assert_same_training
+
+    model = tiny_arch_model(hf, name).train()
+    want = _train(copy.deepcopy(model), name)
+    assert len(set(want.losses)) == TRAIN_STEPS, f"the model did not train: {want.losses}"
+    with apply_liger_ops(model) as patch:
+        assert patch.report.rope_functions == expected_rope_functions(name), str(patch.report)
+        with LigerOpCounter() as counter:
+            got = _train(model, name)
+    layers = 2 if TINY[name][2] else 1
+    assert counter.calls == {"rope": TRAIN_STEPS * layers, "rope_backward": TRAIN_STEPS * layers}, counter.calls
+    assert_same_training(got, want)
+
+
+# --- M-RoPE: the op's own sections against transformers' ---------------------
+
+
+@pytest.mark.parametrize(("arch", "interleaved"), [("qwen2_vl", False), ("qwen3_vl", True)])
+def test_op_mrope_matches_transformers_rotary_embedding(hf, arch, interleaved):
+    """transformers 5.17 composes M-RoPE's sections into gathered tables
+    before the attention's rotate_half, so the patch needs no M-RoPE option.
+    The op's own M-RoPE path (``mrope_section`` with (3, B, S) positions and
+    (max_pos, R) tables) agrees with that composition (Qwen2-VL sections,
+    Qwen3-VL interleaving)."""
+    import importlib
+
+    modeling = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    config_cls, rotary_cls = {
+        "qwen2_vl": ("Qwen2VLTextConfig", "Qwen2VLRotaryEmbedding"),
+        "qwen3_vl": ("Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding"),
+    }[arch]
+    section = _VL_TEXT["rope_parameters"]["mrope_section"]
+    config = getattr(hf, config_cls)(**copy.deepcopy(_VL_TEXT), head_dim=16)
+    rotary = getattr(modeling, rotary_cls)(config).to(DEVICE)
+    gen = torch.Generator().manual_seed(3)
+    positions = torch.randint(0, 20, (3, 2, 6), generator=gen).to(DEVICE)
+    q, k = torch.randn(2, 2, 6, 16, generator=gen).to(DEVICE), torch.randn(2, 1, 6, 16, generator=gen).to(DEVICE)
+    cos, sin = rotary(q, positions)
+    want = modeling.apply_rotary_pos_emb(q, k, cos, sin)
+    freqs = torch.arange(20, device=DEVICE).float()[:, None] * rotary.inv_freq.float()[None]
+    table_cos, table_sin = (f(torch.cat((freqs, freqs), dim=-1)) for f in (torch.cos, torch.sin))
+    got = torch.ops.liger.rope(q, k, table_cos, table_sin, position_ids=positions, mrope_section=section,
+                               mrope_interleaved=interleaved)  # fmt: skip
+    for g, w in zip(got, want, strict=True):
+        assert _rel(g, w) <= 1e-5

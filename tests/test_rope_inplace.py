@@ -124,6 +124,17 @@ def test_overlap_across_storages_and_dtypes():
     assert not overlap.overlapping(as_f32[1:2], as_f16[4:5])  # bytes 4..7 and 8..9
 
 
+def test_self_overlap_of_large_layouts_is_decided_within_the_step_budget():
+    """A contiguous q of 2^31+ elements has a dim of 1.1M: its coefficients
+    are bounded by what the smaller strides reach, not walked one by one
+    (walking them spent the budget, which answers "overlapping")."""
+    q = torch.empty(1, 16, 1_100_000, 128, device="meta")
+    assert not overlap.self_overlapping(q)
+    assert not overlap.self_overlapping(q.transpose(1, 2))
+    assert overlap.self_overlapping(q.expand(2, -1, -1, -1))
+    assert overlap.self_overlapping(q.as_strided((16, 1_100_000, 128), (128, 128, 1)))
+
+
 def _decode(q, k, cos, sin):
     torch.ops.liger.rope_(q, k, cos, sin)
     return q + 1.0

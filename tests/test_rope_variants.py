@@ -255,10 +255,11 @@ def test_rows_outside_the_table_are_nan_on_the_gpu_path():
         assert_close_to_ref(g[:, :, 1:3, 8:], w[:, :, 1:3, 8:], torch.float32)
         assert_close_to_ref(g[:, :, [0, 3]], w[:, :, [0, 3]], torch.float32)
     # a sequence of cu_seqlens longer than the table: its tokens past max_pos
-    got, _ = launch.cuda_forward(q[0].transpose(0, 1), None, cos, sin, cu_seqlens=torch.tensor([0, 4, 4]))
+    packed = q[0].transpose(0, 1)
+    got, _ = launch.cuda_forward(packed, None, cos, sin, cu_seqlens=torch.tensor([0, 4, 4], device=DEVICE))
     assert torch.isnan(got[:, :, :8]).any(dim=(1, 2)).tolist() == [False, False, False, False]
-    got, _ = launch.cuda_forward(q[0].transpose(0, 1), None, angle_table(3, 8, torch.float32)[0],
-                                 angle_table(3, 8, torch.float32)[1], cu_seqlens=torch.tensor([0, 4]))  # fmt: skip
+    short_cos, short_sin = angle_table(3, 8, torch.float32)
+    got, _ = launch.cuda_forward(packed, None, short_cos, short_sin, cu_seqlens=torch.tensor([0, 4], device=DEVICE))
     assert torch.isnan(got[:, :, :8]).all(dim=2).all(dim=1).tolist() == [False, False, False, True]
 
 
@@ -325,7 +326,8 @@ def _call(op, q=(2, 4, 5, 8), k=(2, 2, 5, 8), table=(16, 8), **options):
     make = {"q": q, "k": k}
     tensors = [None if s is None else _randn(*s) for s in (make["q"], make["k"])]
     cos, sin = _randn(*table), _randn(*table)
-    getattr(torch.ops.liger, op)(*tensors, cos, sin, **options)
+    on_device = {n: v.to(DEVICE) if isinstance(v, torch.Tensor) and not v.is_meta else v for n, v in options.items()}
+    getattr(torch.ops.liger, op)(*tensors, cos, sin, **on_device)
 
 
 IDS = torch.zeros(2, 5, dtype=torch.int64)

