@@ -174,11 +174,12 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    import torch._functorch.config as functorch_config  # not imported by `import torch` on torch 2.11
     import triton
 
     import registrations  # noqa: F401
 
-    torch._functorch.config.donated_buffer = False  # backward-only timing of compile retains the graph
+    functorch_config.donated_buffer = False  # backward-only timing of compile retains the graph
     torch._dynamo.config.cache_size_limit = 256  # one compile per shape, dtype and grad mode
     torch._dynamo.config.accumulated_cache_size_limit = 1024
     compiled = torch.compile(F.group_norm, dynamic=False)

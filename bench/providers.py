@@ -240,7 +240,8 @@ def retained_backward_context(provider: str) -> Any:
     full keep the default (donating) compile."""
     if provider != "compile":
         return contextlib.nullcontext()
-    cfg = torch._functorch.config
+    import torch._functorch.config as cfg  # not imported by `import torch` on torch 2.11
+
     return cfg.patch(donated_buffer=False) if hasattr(cfg, "donated_buffer") else contextlib.nullcontext()
 
 

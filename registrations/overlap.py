@@ -86,6 +86,8 @@ def _merged(gens: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
 
 def self_overlapping(t: torch.Tensor) -> bool:
     """Whether two distinct indices of t address the same element."""
+    if any(_int(size) == 0 for size in t.shape):  # no elements (torch's in-place ops accept these too)
+        return False
     _, dims = _layout(t)
     if any(stride == 0 for stride, _ in dims):
         return True

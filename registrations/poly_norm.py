@@ -93,6 +93,10 @@ def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
     dx, dweight, dbias = call_from_backward(POLY_NORM_BACKWARD, grad_out, x, weight, ctx.eps)
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    if need_b and ctx.bias_dtype != weight.dtype:
+        # The op returns dbias in weight's dtype: a float32 bias beside a bf16 weight would get a bf16-rounded
+        # gradient.  dbias = sum(grad_out), summed here in the compute dtype (deterministic, no atomics).
+        dbias = grad_out.sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
     return (
         dx if need_x else None,
         dweight if need_w else None,

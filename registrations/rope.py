@@ -159,8 +159,36 @@ def _check_looked_up(op: str, cos, position_ids, cu_seqlens, mrope: bool, packed
         raise ValueError(f"{op}: cu_seqlens needs packed tokens, (T, H, D) or batch 1, got batch {batch}")
 
 
+# The argument descriptions _check has passed; a repeat skips its ~20 checks (rope's host cost).
+_PASSED: set[tuple] = set()
+_MAX_PASSED = 1024
+
+
+def _described(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.dtype, t.device)
+
+
 def _check(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved,
            names=("q", "k")) -> None:  # fmt: skip
+    """_check_uncached, skipped for arguments whose shapes, dtypes, devices and
+    options passed it before (real sizes only: symbolic ones are not hashed)."""
+    key = (op, _described(q), _described(k), _described(cos), _described(sin), _described(position_ids),
+           _described(cu_seqlens), pairs, None if mrope_section is None else tuple(mrope_section),
+           mrope_interleaved)  # fmt: skip
+    try:
+        if key in _PASSED:
+            return
+    except TypeError:  # a SymInt size (torch.compile tracing): unhashable
+        _check_uncached(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, names)
+        return
+    _check_uncached(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, names)
+    if len(_PASSED) >= _MAX_PASSED:
+        _PASSED.clear()
+    _PASSED.add(key)
+
+
+def _check_uncached(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved,
+                    names=("q", "k")) -> None:  # fmt: skip
     """Runs in every binding and the fake kernel: shapes, dtypes, devices, options."""
     ref_name, ref = _check_heads(op, names, q, k)
     tensors = [(n, t) for n, t in zip(names, (q, k), strict=True) if t is not None] + [("cos", cos), ("sin", sin)]
