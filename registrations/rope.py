@@ -351,8 +351,12 @@ def _transpose_with(op, ctx, dq, dk):
     if dq is None and dk is None:
         return (None,) * 9
     options = ctx.options
-    gq, gk = call_from_backward(op, dq, dk, cos, sin, position_ids, cu_seqlens, options["pairs"],
-                                options["mrope_section"], options["mrope_interleaved"])  # fmt: skip
+    args = (cos, sin, position_ids, cu_seqlens, options["pairs"], options["mrope_section"],
+            options["mrope_interleaved"])  # fmt: skip
+    if dq is None:  # k's gradient alone: first, as rope(k, None) takes k alone (the first tensor is not optional)
+        gk, _ = call_from_backward(op, dk, None, *args)
+        return (None, gk) + (None,) * 7
+    gq, gk = call_from_backward(op, dq, dk, *args)
     return (gq, gk) + (None,) * 7
 
 

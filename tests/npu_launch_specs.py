@@ -47,10 +47,12 @@ DTYPES = {
     "bf16": (torch.bfloat16, torch.bfloat16),
     "fp16": (torch.float16, torch.float16),
     "bf16+fp32": (torch.bfloat16, torch.float32),
+    "fp32+bf16": (torch.float32, torch.bfloat16),  # rope: tables narrower than q and k
     "fp64": (torch.float64, torch.float64),  # for the ops that compute float64 data in float64
 }
 BASE_DTYPES = ("fp32", "bf16", "fp16", "bf16+fp32")
 WITH_FP64 = (*BASE_DTYPES, "fp64")
+ROPE_OPTION_DTYPES = (*BASE_DTYPES, "fp32+bf16")
 _TRITON_TYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
                 torch.int32: "i32", torch.int64: "i64"}  # fmt: skip
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -91,18 +93,21 @@ def rope_args(shape, dt, pt):
 
 
 def rope_option_args(shape, dt, pt):
-    """shape: (B, Hq, Hk, S, D, R, positions, pairs): positions "cu_seqlens" (packed (T, H, D) tokens,
-    B documents), "position_ids", "mrope" or "mrope_interleaved" ((max_pos, R) tables); Hk = 0: q alone."""
-    b, hq, hk, s, d, r, positions, pairs = shape
-    table = _t((4 * s, r), pt)
+    """shape: (B, Hq, Hk, S, D, R, positions, pairs[, "sin_data"]): positions "cu_seqlens" (packed (T, H, D)
+    tokens, B documents), "position_ids", "mrope" or "mrope_interleaved" ((max_pos, R) tables); Hk = 0: q alone
+    (k alone is rope(k, None): the same launch).  cos in the parameter dtype, sin too, or in the data dtype
+    with "sin_data"."""
+    b, hq, hk, s, d, r, positions, pairs, *tables = shape
+    cos = _t((4 * s, r), pt)
+    sin = _t((4 * s, r), dt if tables == ["sin_data"] else pt)
     mrope = [r // 4, r // 8, r // 2 - r // 4 - r // 8] if positions.startswith("mrope") else None
     if positions == "cu_seqlens":
         q, k = _t((b * s, hq, d), dt), _t((b * s, hk, d), dt) if hk else None
         cu_seqlens = torch.arange(0, b * s + 1, s, dtype=torch.int32)
-        return q, k, table, table, None, cu_seqlens, pairs, None, False
+        return q, k, cos, sin, None, cu_seqlens, pairs, None, False
     q, k = _t((b, s, hq, d), dt).transpose(1, 2), _t((b, s, hk, d), dt).transpose(1, 2) if hk else None
     ids = _t((3, b, s) if mrope else (b, s), torch.int64)
-    return q, k, table, table, ids, None, pairs, mrope, positions == "mrope_interleaved"
+    return q, k, cos, sin, ids, None, pairs, mrope, positions == "mrope_interleaved"
 
 
 def gn_forward_args(shape, dt, pt):
@@ -156,9 +161,11 @@ GN_SHAPES = (  # (x shape, groups, affine)
 )
 
 
-ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs)
-    (4, 32, 8, 16, 128, 128, "cu_seqlens", "interleaved"),  # packed documents, GLM/GPT-J pairs
+ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs[, tables])
+    (4, 64, 8, 16, 128, 128, "cu_seqlens", "interleaved"),  # packed documents, GLM/GPT-J pairs; heads bound by the UB
+    (300, 8, 2, 2, 64, 64, "cu_seqlens", "halves"),  # 301 entries: the largest BLOCK_SEQS chunk, searched twice
     (2, 32, 0, 16, 128, 64, "position_ids", "interleaved_to_halves"),  # q alone, DeepSeek's pairs, partial
+    (1, 8, 0, 32, 128, 128, "cu_seqlens", "halves", "sin_data"),  # one tensor, packed; cos and sin dtypes differ
     (2, 32, 8, 16, 128, 128, "mrope", "halves"),  # Qwen2-VL
     (2, 64, 8, 4, 256, 256, "mrope_interleaved", "halves"),  # Qwen3-VL, head block bounded by the UB
 )
@@ -174,9 +181,12 @@ def entries() -> list[Entry]:
         Entry("rope", "csrc_free_ops.rope.launch:npu_forward", rope_args, ROPE_SHAPES, WITH_FP64),
         Entry("rope", "csrc_free_ops.rope.launch:npu_backward", rope_args, ROPE_SHAPES, WITH_FP64),
         Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_args, ROPE_SHAPES, WITH_FP64),
-        Entry("rope", "csrc_free_ops.rope.launch:npu_forward", rope_option_args, ROPE_OPTION_SHAPES),
-        Entry("rope", "csrc_free_ops.rope.launch:npu_backward", rope_option_args, ROPE_OPTION_SHAPES),
-        Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_option_args, ROPE_OPTION_SHAPES),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_forward", rope_option_args, ROPE_OPTION_SHAPES,
+              ROPE_OPTION_DTYPES),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_backward", rope_option_args, ROPE_OPTION_SHAPES,
+              ROPE_OPTION_DTYPES),
+        Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_option_args, ROPE_OPTION_SHAPES,
+              ROPE_OPTION_DTYPES),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SHAPES, WITH_FP64),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SHAPES, WITH_FP64),
     ]

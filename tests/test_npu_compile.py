@@ -35,6 +35,7 @@ NPU_BRANCHES = [
     *[("rope_kernel", {"X_PAIRS": x, "Y_PAIRS": y}) for x, y in itertools.product((False, True), repeat=2)],
     *[("rope_kernel", {"POSITIONS": p}) for p in (0, 1, 2)],
     *[("rope_kernel", {"MROPE": m}) for m in (0, 1, 2)],
+    ("rope_kernel", {"POSITIONS": 2, "BLOCK_SEQS": 256}),  # plan.NPU_MAX_SEQS_BLOCK: the start search loops
     ("fwd_whole_kernel", {"HAS_W": True, "HAS_B": True}),
     ("fwd_whole_kernel", {"HAS_W": False, "HAS_B": False}),
     ("bwd_whole_kernel", {"PARAM_GRADS": True}),

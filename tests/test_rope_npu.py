@@ -153,6 +153,30 @@ def test_plan_fits_the_ub(ascend, dtype, dim, rot):
             assert fixed + 2 * block * per_head > device.npu_ub_bytes()
 
 
+# The largest tile of interleaved pairs (heads x BLOCK_HALF) bishengir fits a 192 KiB UB
+# with multi-buffering: 4096 overflows (the Ascend compile check, docs/npu.md).
+NPU_MAX_INTERLEAVED_PAIRS = 2048
+
+# (q and k, cos and sin): AMP's float32 tables, tables narrower than the data
+DTYPE_PAIRS = [(torch.bfloat16, torch.float32), (torch.float16, torch.float16), (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("dtype", "table_dtype"), DTYPE_PAIRS)
+@pytest.mark.parametrize("pairs", ["interleaved", "interleaved_to_halves"])
+@pytest.mark.parametrize(("dim", "rot"), [(128, 128), (256, 256), (128, 64)])
+def test_interleaved_pairs_tiles_fit_bishengirs_ub(pairs, dtype, table_dtype, dim, rot):
+    """Stride-2 pairs cost bishengir about twice the halves' UB: the plan's
+    head blocks for them stay within what it fits on every 910B profile."""
+    with pytest.MonkeyPatch.context() as mp:
+        simulate_ascend(mp, "Ascend910B4")
+        q, k, cos, sin = _inputs(1, 128, 64, 2, dim, rot, dtype, table_dtype=table_dtype)
+        problem = launch.problem(q, k, cos, sin, rot < dim, pairs=pairs)
+        p = plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
+        assert max(p.block_qh, p.block_kh) * plan.block_half(rot) <= NPU_MAX_INTERLEAVED_PAIRS
+        halves = plan.npu(launch.problem(q, k, cos, sin, rot < dim), device.npu_ub_bytes(), 40)
+        assert p.block_qh * 2 == halves.block_qh  # the halves' tiles are not affected
+
+
 def test_grid_is_vector_cores_or_rows(ascend):
     q, k, cos, sin = _inputs(2, 4, 4, 100, 16, 16, torch.float32)
     assert _plan(q, k, cos, sin, False).programs == device.npu_vector_cores()
@@ -194,6 +218,28 @@ def test_npu_launchers_every_variant(v, ub, cores):
         p = plan.npu(problem, ub, cores)
         assert p.programs <= cores and p.num_warps is None and not p.split_pairs
         assert p.block_seqs <= plan.NPU_MAX_SEQS_BLOCK
+
+
+@pytest.mark.parametrize("pairs", ["interleaved", "interleaved_to_halves"])
+def test_npu_stride_two_stores_write_every_rotated_pair(pairs):
+    """The NPU plan's stride-2 loads and stores of interleaved pairs, with
+    half = 6 of an 8-wide tile (masked) and partial rotary, q and k in
+    several head blocks: forward, backward (interleaved outputs) and in place
+    against the float64 reference."""
+    with pytest.MonkeyPatch.context() as mp:
+        simulate_ascend(mp, "Ascend910B4", SMALL_UB)
+        q, k, cos, sin = _inputs(2, 5, 3, 4, 20, 12, torch.float32)
+        options = {"pairs": pairs}
+        dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
+        refs, ref_grads = reference_variant_grads(q, k, cos, sin, dq_out, dk_out, **options)
+        outs = launch.npu_forward(q, k, cos, sin, **options)
+        grads = launch.npu_backward(dq_out, dk_out, cos, sin, **options)
+        inplace = (q.clone(), k.clone())
+        launch.npu_forward_(*inplace, cos, sin, **options)
+        assert _plan(q, k, cos, sin, True).block_qh < q.shape[1]
+        for got, want, what in ((outs, refs, "out"), (grads, ref_grads, "grad"), (inplace, refs, "in place")):
+            for g, w in zip(got, want, strict=True):
+                assert_close_to_ref(g, w, torch.float32, what)
 
 
 # --- PrivateUse1 dispatch (runs in a subprocess: the backend rename is once per process)

@@ -81,19 +81,20 @@ def _sequence_start(cu_seqlens, s, n_cu_seqlens, BLOCK_SEQS: tl.constexpr):
 
 @triton.jit
 def _positions(
-    position_ids, cu_seqlens, b, s, half, max_pos, n_cu_seqlens, mrope_sections, position_strides,
+    position_ids, cu_seqlens, b, s, half, max_pos, n_cu_seqlens, mrope_section_t, mrope_section_h, mrope_section_w,
+    stride_position_ids_t, stride_position_ids_b, stride_position_ids_s,
     BLOCK_HALF: tl.constexpr, BLOCK_SEQS: tl.constexpr, POSITIONS: tl.constexpr, MROPE: tl.constexpr,
 ):  # fmt: skip
     """(table row, whether it lies in the table) of one (batch, position) row:
     scalars, or one per rotation pair [BLOCK_HALF] under M-RoPE."""
     if POSITIONS == POSITION_IDS:
-        ids = position_ids + b * position_strides[1] + s * position_strides[2]
+        ids = position_ids + b * stride_position_ids_b + s * stride_position_ids_s
         if MROPE == NO_MROPE:
             pos = tl.load(ids).to(tl.int64)
         else:
             pairs = tl.arange(0, BLOCK_HALF)
-            streams = _pair_streams(pairs, mrope_sections[0], mrope_sections[1], mrope_sections[2], MROPE)
-            pos = tl.load(ids + streams * position_strides[0], mask=pairs < half, other=0).to(tl.int64)
+            streams = _pair_streams(pairs, mrope_section_t, mrope_section_h, mrope_section_w, MROPE)
+            pos = tl.load(ids + streams * stride_position_ids_t, mask=pairs < half, other=0).to(tl.int64)
     else:
         pos = s - _sequence_start(cu_seqlens, s, n_cu_seqlens, BLOCK_SEQS)
     return pos, (pos >= 0) & (pos < max_pos)
@@ -161,32 +162,35 @@ def _store_pairs(y, lo, hi, heads_mask, stride_d, half, BLOCK_H: tl.constexpr, B
         cols = tl.arange(0, 2 * BLOCK_HALF).to(tl.int64)[None, :]
         v = tl.reshape(tl.join(lo, hi), [BLOCK_H, 2 * BLOCK_HALF])
         _store(y + cols * stride_d, v, heads_mask & (cols < 2 * half))
+    elif PAIRS:
+        # Stride-2 stores (the NPU plan), each masked by its own columns: with the pairs' mask
+        # (pairs < half) on both, triton-ascend 3.2 takes them for an interleave it fails an
+        # assertion on ("InterleaveStatusWithMaskOptimization", docs/npu.md).
+        lo_cols = 2 * tl.arange(0, BLOCK_HALF).to(tl.int64)[None, :]
+        hi_cols = lo_cols + 1
+        _store(y + lo_cols * stride_d, lo, heads_mask & (lo_cols < 2 * half))
+        _store(y + hi_cols * stride_d, hi, heads_mask & (hi_cols < 2 * half))
     else:
         pairs = tl.arange(0, BLOCK_HALF).to(tl.int64)[None, :]
         mask = heads_mask & (pairs < half)
-        if PAIRS:
-            lo_ptr = y + 2 * pairs * stride_d
-            hi_offset = stride_d
-        else:
-            lo_ptr = y + pairs * stride_d
-            hi_offset = half * stride_d
+        lo_ptr = y + pairs * stride_d
         _store(lo_ptr, lo, mask)
-        _store(lo_ptr + hi_offset, hi, mask)
+        _store(lo_ptr + half * stride_d, hi, mask)
 
 
 @triton.jit
 def _rotate_block(
-    x, y, h0, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, table,
+    x, y, h0, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, c_lo, c_hi, s_lo, s_hi,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BACKWARD: tl.constexpr, X_PAIRS: tl.constexpr,
     Y_PAIRS: tl.constexpr, SPLIT_PAIRS: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Rotate heads h0 .. h0 + BLOCK_H - 1 (those below n_heads) of one row
-    (x and y point at the row); table = (cos_lo, cos_hi, sin_lo, sin_hi)."""
+    (x and y point at the row) by the row's cos and sin pairs."""
     heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
     heads_mask = heads < n_heads
     x_lo, x_hi = _load_pairs(x + heads * stride_x_h, heads_mask, stride_x_d, half, BLOCK_H, BLOCK_HALF, X_PAIRS,
                              SPLIT_PAIRS, COMPUTE)  # fmt: skip
-    y_lo, y_hi = _rotate_pair(x_lo, x_hi, table[0], table[1], table[2], table[3], BACKWARD)
+    y_lo, y_hi = _rotate_pair(x_lo, x_hi, c_lo, c_hi, s_lo, s_hi, BACKWARD)
     if X_PAIRS != Y_PAIRS and SPLIT_PAIRS:
         # In place (rope_), the store of pair p lands where other lanes loaded
         # other pairs: every load of the tile is done before any store.
@@ -197,7 +201,7 @@ def _rotate_block(
 
 @triton.jit
 def _rotate_heads(
-    x, y, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, table,
+    x, y, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, c_lo, c_hi, s_lo, s_hi,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BACKWARD: tl.constexpr, HEADS_FIT: tl.constexpr,
     X_PAIRS: tl.constexpr, Y_PAIRS: tl.constexpr, SPLIT_PAIRS: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
@@ -205,13 +209,13 @@ def _rotate_heads(
     the loop cost ~1% of rope's time)."""
     if HEADS_FIT:
         _rotate_block(
-            x, y, 0, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, table,
+            x, y, 0, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, c_lo, c_hi, s_lo, s_hi,
             BLOCK_H, BLOCK_HALF, BACKWARD, X_PAIRS, Y_PAIRS, SPLIT_PAIRS, COMPUTE,
         )  # fmt: skip
     else:
         for h0 in tl.range(0, n_heads, BLOCK_H):
             _rotate_block(
-                x, y, h0, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, table,
+                x, y, h0, n_heads, stride_x_h, stride_x_d, stride_y_h, stride_y_d, half, c_lo, c_hi, s_lo, s_hi,
                 BLOCK_H, BLOCK_HALF, BACKWARD, X_PAIRS, Y_PAIRS, SPLIT_PAIRS, COMPUTE,
             )  # fmt: skip
 
@@ -233,49 +237,55 @@ def _copy_pass(
 
 @triton.jit
 def _rope_row(
-    row, tensors, sizes, positions, q_strides, q_out_strides, k_strides, k_out_strides, cos_strides, sin_strides,
+    row, q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens,
+    seq_len, n_qh, n_kh, half, rot_dim, head_dim, max_pos, n_cu_seqlens,
+    mrope_section_t, mrope_section_h, mrope_section_w,
+    stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+    stride_q_out_b, stride_q_out_h, stride_q_out_s, stride_q_out_d,
+    stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+    stride_k_out_b, stride_k_out_h, stride_k_out_s, stride_k_out_d,
+    stride_cos_b, stride_cos_s, stride_cos_r, stride_sin_b, stride_sin_s, stride_sin_r,
+    stride_position_ids_t, stride_position_ids_b, stride_position_ids_s,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     BLOCK_SEQS: tl.constexpr, HEADS_FIT: tl.constexpr, COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr,
     X_PAIRS: tl.constexpr, Y_PAIRS: tl.constexpr, TABLE_PAIRS: tl.constexpr, SPLIT_PAIRS: tl.constexpr,
     POSITIONS: tl.constexpr, MROPE: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Rotate every q and k head of one (batch, position) row; row is int64.
-    Strides come as (batch, heads, seq, head_dim) and (batch, seq, col) tuples;
-    positions as (position_ids, cu_seqlens, max_pos, n_cu_seqlens,
-    (mrope_section_t, _h, _w), (position_ids strides t, b, s))."""
-    q, k, q_out, k_out, cos, sin = tensors
-    seq_len, n_qh, n_kh, half, rot_dim, head_dim = sizes
-    position_ids, cu_seqlens, max_pos, n_cu_seqlens, mrope_sections, position_strides = positions
+    The kernel's arguments are passed on one by one: triton-ascend 3.2's
+    frontend takes no tuple arguments (docs/npu.md, "Language level")."""
     b = row // seq_len
     s = row - b * seq_len
     if POSITIONS == GATHERED:
-        cos_row = b * cos_strides[0] + s * cos_strides[1]
-        sin_row = b * sin_strides[0] + s * sin_strides[1]
+        cos_row = b * stride_cos_b + s * stride_cos_s
+        sin_row = b * stride_sin_b + s * stride_sin_s
         valid = True
     else:
-        pos, valid = _positions(position_ids, cu_seqlens, b, s, half, max_pos, n_cu_seqlens, mrope_sections,
-                                position_strides, BLOCK_HALF, BLOCK_SEQS, POSITIONS, MROPE)  # fmt: skip
-        cos_row = pos * cos_strides[1]
-        sin_row = pos * sin_strides[1]
-    c_lo, c_hi = _load_table(cos, cos_row, valid, cos_strides[2], half, BLOCK_HALF, TABLE_PAIRS, POSITIONS, COMPUTE)
-    s_lo, s_hi = _load_table(sin, sin_row, valid, sin_strides[2], half, BLOCK_HALF, TABLE_PAIRS, POSITIONS, COMPUTE)
-    table = (c_lo, c_hi, s_lo, s_hi)
-    q_row = q + b * q_strides[0] + s * q_strides[2]
-    q_out_row = q_out + b * q_out_strides[0] + s * q_out_strides[2]
-    k_row = k + b * k_strides[0] + s * k_strides[2]
-    k_out_row = k_out + b * k_out_strides[0] + s * k_out_strides[2]
+        pos, valid = _positions(
+            position_ids, cu_seqlens, b, s, half, max_pos, n_cu_seqlens, mrope_section_t, mrope_section_h,
+            mrope_section_w, stride_position_ids_t, stride_position_ids_b, stride_position_ids_s,
+            BLOCK_HALF, BLOCK_SEQS, POSITIONS, MROPE,
+        )  # fmt: skip
+        cos_row = pos * stride_cos_s
+        sin_row = pos * stride_sin_s
+    c_lo, c_hi = _load_table(cos, cos_row, valid, stride_cos_r, half, BLOCK_HALF, TABLE_PAIRS, POSITIONS, COMPUTE)
+    s_lo, s_hi = _load_table(sin, sin_row, valid, stride_sin_r, half, BLOCK_HALF, TABLE_PAIRS, POSITIONS, COMPUTE)
+    q_row = q + b * stride_q_b + s * stride_q_s
+    q_out_row = q_out + b * stride_q_out_b + s * stride_q_out_s
+    k_row = k + b * stride_k_b + s * stride_k_s
+    k_out_row = k_out + b * stride_k_out_b + s * stride_k_out_s
     _rotate_heads(
-        q_row, q_out_row, n_qh, q_strides[1], q_strides[3], q_out_strides[1], q_out_strides[3], half, table,
+        q_row, q_out_row, n_qh, stride_q_h, stride_q_d, stride_q_out_h, stride_q_out_d, half, c_lo, c_hi, s_lo, s_hi,
         BLOCK_QH, BLOCK_HALF, BACKWARD, HEADS_FIT, X_PAIRS, Y_PAIRS, SPLIT_PAIRS, COMPUTE,
     )  # fmt: skip
     _rotate_heads(
-        k_row, k_out_row, n_kh, k_strides[1], k_strides[3], k_out_strides[1], k_out_strides[3], half, table,
+        k_row, k_out_row, n_kh, stride_k_h, stride_k_d, stride_k_out_h, stride_k_out_d, half, c_lo, c_hi, s_lo, s_hi,
         BLOCK_KH, BLOCK_HALF, BACKWARD, HEADS_FIT, X_PAIRS, Y_PAIRS, SPLIT_PAIRS, COMPUTE,
     )  # fmt: skip
     if COPY_PASS:
-        _copy_pass(q_row, q_out_row, n_qh, q_strides[1], q_strides[3], q_out_strides[1], q_out_strides[3],
+        _copy_pass(q_row, q_out_row, n_qh, stride_q_h, stride_q_d, stride_q_out_h, stride_q_out_d,
                    rot_dim, head_dim, BLOCK_QH, BLOCK_PASS)  # fmt: skip
-        _copy_pass(k_row, k_out_row, n_kh, k_strides[1], k_strides[3], k_out_strides[1], k_out_strides[3],
+        _copy_pass(k_row, k_out_row, n_kh, stride_k_h, stride_k_d, stride_k_out_h, stride_k_out_d,
                    rot_dim, head_dim, BLOCK_KH, BLOCK_PASS)  # fmt: skip
 
 
@@ -298,30 +308,32 @@ def rope_kernel(
     """Write the rotation of q and k (or its transpose, BACKWARD) into q_out
     and k_out, which may be q and k; COPY_PASS also copies dims rot_dim..head_dim.
     position_ids / cu_seqlens are read only when POSITIONS says so."""
-    tensors = (q, k, q_out, k_out, cos, sin)
-    sizes = (seq_len, n_qh, n_kh, half, rot_dim, head_dim)
-    positions = (
-        position_ids, cu_seqlens, max_pos, n_cu_seqlens, (mrope_section_t, mrope_section_h, mrope_section_w),
-        (stride_position_ids_t, stride_position_ids_b, stride_position_ids_s),
-    )  # fmt: skip
-    q_strides = (stride_q_b, stride_q_h, stride_q_s, stride_q_d)
-    q_out_strides = (stride_q_out_b, stride_q_out_h, stride_q_out_s, stride_q_out_d)
-    k_strides = (stride_k_b, stride_k_h, stride_k_s, stride_k_d)
-    k_out_strides = (stride_k_out_b, stride_k_out_h, stride_k_out_s, stride_k_out_d)
-    cos_strides = (stride_cos_b, stride_cos_s, stride_cos_r)
-    sin_strides = (stride_sin_b, stride_sin_s, stride_sin_r)
     if GRID_STRIDE:
         for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
             _rope_row(
-                tl.cast(row, tl.int64), tensors, sizes, positions, q_strides, q_out_strides, k_strides,
-                k_out_strides, cos_strides, sin_strides,
+                tl.cast(row, tl.int64), q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens,
+                seq_len, n_qh, n_kh, half, rot_dim, head_dim, max_pos, n_cu_seqlens,
+                mrope_section_t, mrope_section_h, mrope_section_w,
+                stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+                stride_q_out_b, stride_q_out_h, stride_q_out_s, stride_q_out_d,
+                stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+                stride_k_out_b, stride_k_out_h, stride_k_out_s, stride_k_out_d,
+                stride_cos_b, stride_cos_s, stride_cos_r, stride_sin_b, stride_sin_s, stride_sin_r,
+                stride_position_ids_t, stride_position_ids_b, stride_position_ids_s,
                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BLOCK_SEQS, HEADS_FIT, COPY_PASS, BACKWARD,
                 X_PAIRS, Y_PAIRS, TABLE_PAIRS, SPLIT_PAIRS, POSITIONS, MROPE, COMPUTE,
             )  # fmt: skip
     else:
         _rope_row(
-            tl.program_id(0).to(tl.int64), tensors, sizes, positions, q_strides, q_out_strides, k_strides,
-            k_out_strides, cos_strides, sin_strides,
+            tl.program_id(0).to(tl.int64), q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens,
+            seq_len, n_qh, n_kh, half, rot_dim, head_dim, max_pos, n_cu_seqlens,
+            mrope_section_t, mrope_section_h, mrope_section_w,
+            stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+            stride_q_out_b, stride_q_out_h, stride_q_out_s, stride_q_out_d,
+            stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+            stride_k_out_b, stride_k_out_h, stride_k_out_s, stride_k_out_d,
+            stride_cos_b, stride_cos_s, stride_cos_r, stride_sin_b, stride_sin_s, stride_sin_r,
+            stride_position_ids_t, stride_position_ids_b, stride_position_ids_s,
             BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BLOCK_SEQS, HEADS_FIT, COPY_PASS, BACKWARD,
             X_PAIRS, Y_PAIRS, TABLE_PAIRS, SPLIT_PAIRS, POSITIONS, MROPE, COMPUTE,
         )  # fmt: skip

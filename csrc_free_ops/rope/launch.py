@@ -308,7 +308,8 @@ def forward_(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Pl
 
 
 def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_pass: bool, *,
-            cu_seqlens: Tensor | None = None, mrope_section: list[int] | None = None) -> Problem:  # fmt: skip
+            cu_seqlens: Tensor | None = None, mrope_section: list[int] | None = None,
+            pairs: str = "halves") -> Problem:  # fmt: skip
     """What the planning functions need to know of a call (q, k as the op takes them)."""
     q4, k4 = heads_view(q), heads_view(k)
     batch, _, seq_len, head_dim = (q4 if q4 is not None else k4).shape
@@ -317,7 +318,7 @@ def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_p
         batch * seq_len, 0 if q4 is None else q4.shape[1], 0 if k4 is None else k4.shape[1], head_dim, cos.shape[-1],
         4 if q is None else q.element_size(), 4 if k is None else k.element_size(),
         max(cos.element_size(), sin.element_size()), compute, copy_pass,
-        0 if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is not None,
+        0 if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is not None, pairs != "halves",
     )  # fmt: skip
 
 
@@ -342,8 +343,8 @@ def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Pl
     return found
 
 
-def _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
-    problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section)
+def _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, pairs, copy_pass: bool) -> Plan:
+    problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section, pairs=pairs)
     return plan.npu(problem_, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
@@ -384,7 +385,7 @@ def npu_forward(
 ):
     if _float64(q, k, cos, sin):
         return reference.forward(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
-    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
+    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, pairs, _partial(q, k, cos))
     return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
@@ -394,7 +395,7 @@ def npu_backward(
 ):
     if _float64(dq, dk, cos, sin):
         return reference.backward(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
-    p = _npu_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
+    p = _npu_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, pairs, _partial(dq, dk, cos))
     return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
                     mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
 
@@ -405,6 +406,6 @@ def npu_forward_(
     if _float64(q, k, cos, sin):
         reference.forward_(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
         return
-    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, False)
+    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, pairs, False)
     forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
              mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip

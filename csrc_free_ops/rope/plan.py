@@ -33,7 +33,11 @@ float64 data, i = 8 for the int64 index math):
   row offsets, ``4 * BLOCK_HALF * i``; cu_seqlens a chunk of entries, its
   comparison and selection, ``3 * BLOCK_SEQS * i``.
 * per head of a rotate tile: both halves loaded (2e), converted (2c),
-  rotated (2c) and cast back for the store (2e): ``BLOCK_HALF * (4e + 4c)``.
+  rotated (2c) and cast back for the store (2e): ``BLOCK_HALF * (4e + 4c)``;
+  twice that with interleaved pairs on either side (``pairs`` other than
+  "halves"), whose stride-2 loads and stores bishengir lowers through
+  full-width buffers: its UB plan fits 2048 pairs a tile and overflows at
+  4096, in every dtype (32 and 64 heads x 64 pairs, docs/npu.md).
 * per head of a pass-through tile (out-of-place partial rotary only): a load
   and a store buffer, ``BLOCK_PASS * 2e``.
 
@@ -83,6 +87,7 @@ class Problem(NamedTuple):
     copy_pass: bool  # out of place with rot_dim < head_dim: dims rot_dim.. are copied too
     n_cu_seqlens: int = 0  # entries of cu_seqlens (0: not given)
     mrope: bool = False
+    interleaved: bool = False  # pairs other than "halves": stride-2 loads or stores on the NPU
 
     @property
     def block_half(self) -> int:
@@ -162,9 +167,10 @@ def npu_positions_bytes(block_half: int, block_seqs: int, n_cu_seqlens: int, mro
     return (4 * block_half * INDEX_BYTES if mrope else 0) + (3 * block_seqs * INDEX_BYTES if n_cu_seqlens else 0)
 
 
-def npu_head_bytes(block_half: int, block_pass: int, itemsize: int, compute_itemsize: int, copy_pass: bool) -> int:
+def npu_head_bytes(block_half: int, block_pass: int, itemsize: int, compute_itemsize: int, copy_pass: bool,
+                   interleaved: bool = False) -> int:  # fmt: skip
     """UB bytes one head adds to a tile (the larger of its rotate and pass tiles)."""
-    rotate = block_half * (4 * itemsize + 4 * compute_itemsize)
+    rotate = block_half * (4 * itemsize + 4 * compute_itemsize) * (2 if interleaved else 1)
     return max(rotate, block_pass * 2 * itemsize) if copy_pass else rotate
 
 
@@ -179,8 +185,8 @@ def npu(p: Problem, ub_bytes: int, vector_cores: int) -> Plan:
     block_seqs = _seqs_block(p.n_cu_seqlens, NPU_MAX_SEQS_BLOCK)
     fixed = npu_cos_sin_bytes(half_w, p.table_itemsize, p.compute_itemsize)
     fixed += npu_positions_bytes(half_w, block_seqs, p.n_cu_seqlens, p.mrope)
-    per_q = npu_head_bytes(half_w, pass_w, p.q_itemsize, p.compute_itemsize, p.copy_pass)
-    per_k = npu_head_bytes(half_w, pass_w, p.k_itemsize, p.compute_itemsize, p.copy_pass)
+    per_q = npu_head_bytes(half_w, pass_w, p.q_itemsize, p.compute_itemsize, p.copy_pass, p.interleaved)
+    per_k = npu_head_bytes(half_w, pass_w, p.k_itemsize, p.compute_itemsize, p.copy_pass, p.interleaved)
     programs = max(1, min(vector_cores, p.n_rows, NPU_MAX_GRID))
     block_qh = npu_head_block(p.n_qh, per_q, fixed, ub_bytes)
     block_kh = npu_head_block(p.n_kh, per_k, fixed, ub_bytes)
