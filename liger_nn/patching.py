@@ -132,8 +132,10 @@ ROPE_FUNCTIONS: dict[str, tuple[tuple[str, str], ...]] = {
 # does not know gets Llama's apply_rotary_pos_emb treatment (still checked).
 ROPE_ARCHITECTURES: tuple[str, ...] = tuple(ROPE_FUNCTIONS)
 
-# The versions the patch is tested with (CI on CPU and the CUDA machine).
-TESTED_TRANSFORMERS_VERSIONS: tuple[str, ...] = ("5.17.0",)
+# The versions the patch is tested with: 5.17.0 in CI and on the CUDA machine, the range's ends
+# (4.57.1, 5.24.0) by `nox -s transformers`.  On 4.57.1 DeepSeek-V3's interleaved rotary is
+# another function and is left alone; the Qwen-VL models are tested on 5.x only.
+TESTED_TRANSFORMERS_VERSIONS: tuple[str, ...] = ("4.57.1", "5.17.0", "5.24.0")
 
 _ROPE_PREFIX = "apply_rotary"  # the names of the rotary functions in modeling modules
 _MODELS_PREFIX = "transformers.models."

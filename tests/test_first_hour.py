@@ -181,6 +181,10 @@ def test_metadata_declares_numpy_and_one_transformers_range():
     low, high = re.fullmatch(r"transformers>=([\d.]+),<([\d.]+)", hf).groups()
     pinned = nox_constant("TRANSFORMERS").split("==")[1]
     assert _version(low) <= _version(pinned) < _version(high), "the tests session's transformers is in the range"
+    from liger_nn.patching import TESTED_TRANSFORMERS_VERSIONS
+
+    assert low in TESTED_TRANSFORMERS_VERSIONS and pinned in TESTED_TRANSFORMERS_VERSIONS, TESTED_TRANSFORMERS_VERSIONS
+    assert all(_version(low) <= _version(v) < _version(high) for v in TESTED_TRANSFORMERS_VERSIONS)
 
 
 # --- layering ----------------------------------------------------------------
