@@ -111,20 +111,21 @@ def merge_records(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [r for r in old if _identity(r) not in replaced] + new
 
 
+def _load_each_op(out: Path, suffix: str) -> list[dict[str, Any]]:
+    """The entries of every ``<op><suffix>.json`` under out, in op order."""
+    entries: list[dict[str, Any]] = []
+    for op in shapes.OPS:
+        path = out / f"{op}{suffix}.json"
+        if path.exists():
+            entries.extend(json.loads(path.read_text()))
+    return entries
+
+
 def load_records(out: Path) -> list[dict[str, Any]]:
     """Every ``<op>.json`` under out, in op order."""
-    records: list[dict[str, Any]] = []
-    for op in shapes.OPS:
-        path = out / f"{op}.json"
-        if path.exists():
-            records.extend(json.loads(path.read_text()))
-    return records
+    return _load_each_op(out, "")
 
 
 def load_skips(out: Path) -> list[dict[str, Any]]:
-    skips: list[dict[str, Any]] = []
-    for op in shapes.OPS:
-        path = out / f"{op}_skips.json"
-        if path.exists():
-            skips.extend(json.loads(path.read_text()))
-    return skips
+    """Every ``<op>_skips.json`` under out, in op order."""
+    return _load_each_op(out, "_skips")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+
 import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -88,3 +92,33 @@ def simulate_ascend(monkeypatch, profile: str, ub_bytes: int | None = None, vect
     if vector_cores is not None:
         monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", str(vector_cores))
     return profile
+
+
+class LigerOpCounter(TorchDispatchMode):
+    """Counts the torch.ops.liger calls that reach dispatch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "liger":
+            self.calls[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class TorchPolyNorm(nn.Module):
+    """PolyNorm (the PolyCom formula) as a model writes it in torch."""
+
+    def __init__(self, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor([0.5, -0.3, 0.8]))
+        self.bias = nn.Parameter(torch.tensor([0.1]))
+        self.eps = eps
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        w = self.weight
+        return w[0] * self._norm(x**3) + w[1] * self._norm(x**2) + w[2] * self._norm(x) + self.bias

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from liger_nn import GroupNorm, PolyNorm
+from tests.helpers import TorchPolyNorm
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope  # noqa: E402
@@ -30,23 +31,6 @@ STEPS = 2  # losses of both steps compared, gradients of the first
 # ||a - b|| / ||b|| per gradient, and the loss.
 GRAD_RTOL, LOSS_RTOL = 4e-2, 1e-2
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
-
-
-class TorchPolyNorm(nn.Module):
-    """PolyNorm as a model writes it in torch."""
-
-    def __init__(self, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.tensor([0.5, -0.3, 0.8]))
-        self.bias = nn.Parameter(torch.tensor([0.1]))
-        self.eps = eps
-
-    def _norm(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-    def forward(self, x):
-        w = self.weight
-        return w[0] * self._norm(x**3) + w[1] * self._norm(x**2) + w[2] * self._norm(x) + self.bias
 
 
 class Net(nn.Module):

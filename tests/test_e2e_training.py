@@ -12,7 +12,6 @@ inductor compile of a model costs ~50 s on a 2-core CI runner) and
 
 from __future__ import annotations
 
-import collections
 import copy
 import math
 import os
@@ -20,10 +19,9 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from liger_nn import apply_liger_ops
-from tests.helpers import DEVICE
+from tests.helpers import DEVICE, LigerOpCounter
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,19 +55,6 @@ def tiny_model(arch: str) -> torch.nn.Module:
 def token_batches(steps: int = STEPS) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).to(DEVICE) for _ in range(steps)]
-
-
-class LigerOpCounter(TorchDispatchMode):
-    """Counts the torch.ops.liger calls that reach a kernel."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "liger":
-            self.calls[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -13,27 +13,10 @@ from torch import nn
 import liger_nn
 from liger_nn import apply_liger_ops
 from liger_nn.patching import rope_patched_modules
-from tests.helpers import DEVICE
+from tests.helpers import DEVICE, LigerOpCounter, TorchPolyNorm
 
 
-class MotifPolyNorm(nn.Module):
-    """The PolyCom formula, written as a model would."""
-
-    def __init__(self, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.tensor([0.5, -0.3, 0.8]))
-        self.bias = nn.Parameter(torch.tensor([0.1]))
-        self.eps = eps
-
-    def _norm(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-    def forward(self, x):
-        w = self.weight
-        return w[0] * self._norm(x**3) + w[1] * self._norm(x**2) + w[2] * self._norm(x) + self.bias
-
-
-class CenteredPolyNorm(MotifPolyNorm):
+class CenteredPolyNorm(TorchPolyNorm):
     """Right shapes and name, different formula: the patch-time check must refuse it."""
 
     def _norm(self, x):
@@ -63,7 +46,7 @@ class Net(nn.Module):
         self.gn = nn.GroupNorm(4, 8)
         self.blocks = nn.ModuleList([nn.GroupNorm(2, 8, affine=False), nn.GroupNorm(8, 8)])
         self.blocks[1].register_parameter("bias", None)  # torch 2.11 has no GroupNorm(bias=False)
-        self.act = MotifPolyNorm()
+        self.act = TorchPolyNorm()
         self.centered = CenteredPolyNorm()
         self.wide = WidePolyNorm()
         self.sub = MyGroupNorm(2, 8)
@@ -170,7 +153,7 @@ def test_switches_and_bad_argument():
         assert type(net.gn) is nn.GroupNorm
     with apply_liger_ops(net, poly_norm=False) as patch:
         assert {r.kind for r in patch.report.replaced} == {"group_norm"}
-        assert type(net.act) is MotifPolyNorm
+        assert type(net.act) is TorchPolyNorm
     with pytest.raises(TypeError, match="nn.Module"):
         apply_liger_ops(lambda x: x)
 
@@ -426,8 +409,6 @@ def runs_what_transformers_4_refuses(name: str) -> bool:
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_rope_of_each_architecture_runs_the_op(hf, name):
-    from tests.test_e2e_training import LigerOpCounter
-
     arch = name.split("-")[0]
     skip_unless_transformers_5(arch)
     model = tiny_arch_model(hf, name).eval()
@@ -509,7 +490,7 @@ def _train(model: nn.Module, name: str):
     ],
 )
 def test_patched_training_matches_unpatched(hf, name):
-    from tests.test_e2e_training import LigerOpCounter, assert_same_training
+    from tests.test_e2e_training import assert_same_training
 
     skip_unless_transformers_5(name)
     if runs_what_transformers_4_refuses(name):

@@ -23,29 +23,16 @@ import math
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import registrations  # noqa: F401
 from tests.dist.harness import Case, Context
+from tests.helpers import LigerOpCounter
 
 STEPS = 3
 LOSS_RTOL = 1e-5
 # Parameter gradients and parameters after the steps: ||a - b|| / ||b||.
 GRAD_RTOL = 1e-4
 VOCAB, BATCH, SEQ, LAYERS = 64, 2, 8, 2
-
-
-class LigerOpCounter(TorchDispatchMode):
-    """Counts the torch.ops.liger calls that reach dispatch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "liger":
-            self.calls[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
