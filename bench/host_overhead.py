@@ -1,6 +1,6 @@
 """Host cost of one call on a tiny input, every path side by side.
 
-    python -m bench.host_overhead [--iters 300] [--repeats 15] [--ops ...] [--paths ...]
+    python -m bench.host_overhead [--iters 300] [--repeats 15] [--ops ...] [--paths ...] [--steps on|off]
     python -m bench.host_overhead --profile group_norm [--profile-mode backward] [--profile-iters 500]
 
 On tiny inputs the device work is negligible, so the time per iteration is
@@ -12,6 +12,8 @@ the outputs against fixed output gradients with respect to every input that
 takes one; no .grad accumulation):
 
     liger         torch.ops.liger.* (custom op, torch.library autograd)
+    fast          the entry liger_nn calls (registrations._library.fast_call):
+                  the op's autograd formula without the dispatcher's crossing
     liger_kernel  upstream Liger-Kernel's autograd.Function.apply (when importable)
     compile       torch.compile of the eager reference
     torch         the eager reference (several ATen kernels for poly_norm and rope)
@@ -31,6 +33,14 @@ ratios, the median over rounds of the per-round ratio: fwd against native
 fwd, fwd+bwd against native fwd+bwd and against floor fwd+bwd.  Below it,
 issue 17's targets for liger.  On CPU the numbers include the compute (the
 Triton interpreter dominates), so they mean something on a GPU only.
+
+Then, with ``--steps on`` (the default on CUDA), small compiled training
+steps (bench/compiled_steps.py: 8 GroupNorm -> SiLU layers, and an attention
+block with rope), each with torch's layers (native), liger ops kept opaque
+in the graph, and liger ops decomposed into their kernels, compiled in
+default and reduce-overhead mode; timed in interleaved rounds of their own
+(``--step-iters`` steps each), printed as the last table, with each
+provider's median per-round ratio to native.
 
 ``--profile OP`` instead runs one path of one op (``--profile-path``,
 default liger; ``--profile-mode`` forward, backward (the backward alone,
@@ -61,7 +71,7 @@ TINY = {
     "rope": {"B": 1, "T": 16, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 64},
     "group_norm": {"M": 2, "C": 8, "H": 16, "num_groups": 4},
 }
-PROVIDER_PATHS = ("liger", "liger_kernel", "compile", "torch")
+PROVIDER_PATHS = ("liger", "fast", "liger_kernel", "compile", "torch")
 YARDSTICKS = ("native", "floor")
 PATHS = PROVIDER_PATHS + YARDSTICKS
 KINDS = ("fwd", "fwd+bwd")
@@ -143,7 +153,9 @@ def build_path(op: str, path: str, device: str, dtype: str) -> Any:
 
     from bench import providers
 
-    if path in PROVIDER_PATHS:
+    if path == "fast":
+        built = _fast(op, providers.build(op, "liger", tiny_shape(op, dtype), device))
+    elif path in PROVIDER_PATHS:
         built = providers.build(op, path, tiny_shape(op, dtype), device)
     elif path == "native":
         shape = tiny_shape("group_norm", dtype)
@@ -157,6 +169,24 @@ def build_path(op: str, path: str, device: str, dtype: str) -> Any:
         raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
     built.prepare()
     return built
+
+
+def _fast(op: str, liger: Any) -> Any:
+    """The liger provider's call, made through fast_call (what liger_nn calls)."""
+    import torch
+
+    from bench import providers
+    from registrations._library import fast_call
+
+    call = fast_call(getattr(torch.ops.liger, op))
+    if op == "poly_norm":
+        fn = lambda x, w, b: call(x, w, b, providers.POLY_NORM_EPS)  # noqa: E731
+    elif op == "group_norm":
+        groups = TINY["group_norm"]["num_groups"]
+        fn = lambda x, w, b: call(x, groups, w, b, providers.GROUP_NORM_EPS)  # noqa: E731
+    else:
+        fn = call
+    return providers.Built(fn, liger.args, liger.grad_inputs)
 
 
 # --------------------------------------------------------------------------
@@ -264,6 +294,38 @@ def targets(results: Results, ops: Sequence[str]) -> str:
 
 
 # --------------------------------------------------------------------------
+# Compiled steps
+
+
+def measure_steps(device: str, iters: int, repeats: int) -> dict[str, Any]:
+    """ "model provider mode" -> median us per step; ("ratios", name) -> median per-round ratio to native."""
+    from bench import compiled_steps
+
+    built = compiled_steps.steps(device)
+    rounds = interleaved({name: s.run for name, s in built.items()}, device, iters, repeats)
+    results: dict[str, Any] = {name: statistics.median(times) for name, times in rounds.items()}
+    for name in rounds:
+        model, provider, mode = name.split(" ")
+        results[("ratios", name)] = _median_ratio(rounds, name, f"{model} native {mode}")
+    return results
+
+
+def steps_table(results: dict[str, Any]) -> str:
+    from bench import compiled_steps
+
+    head = ["model", "mode", *(f"{p} us" for p in compiled_steps.PROVIDERS)]
+    head += [f"{p} / native" for p in compiled_steps.PROVIDERS if p != "native"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model in compiled_steps.MODELS:
+        for mode in compiled_steps.MODES:
+            names = [f"{model} {p} {mode}" for p in compiled_steps.PROVIDERS]
+            cells = [model, mode, *(_us(results.get(n)) for n in names)]
+            cells += [_x(results.get(("ratios", n))) for n in names[1:]]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
 # Profile
 
 
@@ -319,6 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtype", default=None, help="input dtype (default bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--ops", default="poly_norm,rope,group_norm")
     p.add_argument("--paths", default=",".join(PATHS), help="comma list of " + ", ".join(PATHS))
+    p.add_argument("--steps", default=None, choices=("on", "off"), help="compiled steps (default: on with CUDA)")
+    p.add_argument("--step-iters", type=int, default=50, help="compiled steps per step kind per round")
     p.add_argument("--profile", default=None, metavar="OP", help="profile one op instead of the table")
     p.add_argument("--profile-path", default="liger", choices=PATHS)
     p.add_argument("--profile-mode", default="backward", choices=("forward", "backward", "full"))
@@ -357,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(results, ops, paths))
     print("\nliger against issue 17's targets (medians of per-round ratios):")
     print(targets(results, ops))
+    if (args.steps or ("on" if device.startswith("cuda") else "off")) == "on":
+        print(f"\ncompiled steps, us per step (fwd + bwd), {args.step_iters} steps x {args.repeats} rounds:")
+        print(steps_table(measure_steps(device, args.step_iters, args.repeats)))
     return 0
 
 

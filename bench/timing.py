@@ -141,8 +141,8 @@ def _abandon_pool(device_index: int) -> None:
     """Stop using the shared pool after a failed capture.  torch ends a
     capture's allocation to its pool only once cudaStreamEndCapture succeeds,
     so after a failure the pool stays "recording" and every later capture into
-    it fails with "beginAllocateToPool: already recording" (the session-6 run
-    lost every rope row after one failure that way).  End the recording where
+    it fails with "beginAllocateToPool: already recording" (the H200 run of
+    2026-12-03 at bd54704 lost every rope row after one failure that way).  End the recording where
     this torch exposes it, release the pool, and let the next capture start a
     new one."""
     import torch

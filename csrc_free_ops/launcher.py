@@ -18,19 +18,33 @@ a real GPU build of a Triton version listed in ``DIRECT_LAUNCH_TRITON``, no
 launch hooks installed (profilers), and a kernel whose compile-time
 parameters all follow its runtime ones.  Everywhere else (the interpreter,
 triton-ascend, other versions) every call goes through ``kernel[grid]``.
+
+Inside ``traced_launches()`` (registrations/_library.py turns it on while
+AOTAutograd traces an op on CUDA tensors) a launcher instead calls
+``torch.library.wrap_triton(kernel)[grid]``: the call is recorded as a
+``triton_kernel_wrapper`` node, which Inductor launches from its generated
+code.  There, one tensor object may fill only one kernel parameter (the
+functionalization of a traced launch clones each written parameter
+separately): entries pass ``placeholder(t)`` where a parameter takes a
+tensor it never touches, and a launch with a tensor in two parameters
+raises ``Untraceable``, which keeps the op opaque.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import triton
 
 # Triton releases whose CompiledKernel.run takes (grid x3, stream, function,
-# packed metadata, launch metadata, enter hook, exit hook, *all parameters).
-DIRECT_LAUNCH_TRITON = ("3.6", "3.7")
+# packed metadata, launch metadata, enter hook, exit hook, *all parameters):
+# run on the H200 with 3.6; for 3.7.1, 3.8.0 and 3.9.0 read in JITFunction.run's
+# source, which makes that same call (not run on a GPU).
+DIRECT_LAUNCH_TRITON = ("3.6", "3.7", "3.8", "3.9")
 _INT32 = range(-(2**31), 2**31)
 _INT64 = range(-(2**63), 2**63)
 # Scalar keys kept per launcher before the cache is dropped (a bound on its memory).
@@ -80,6 +94,41 @@ def on_device_of(t: Any) -> contextlib.AbstractContextManager:
     return torch.accelerator.device_index(index)
 
 
+class _Tracing(threading.local):
+    active = False
+
+
+_TRACING = _Tracing()
+
+
+class Untraceable(Exception):
+    """A launch that a traced (wrap_triton) call cannot express faithfully."""
+
+
+@contextlib.contextmanager
+def traced_launches() -> Iterator[None]:
+    """Launches in this thread go through ``torch.library.wrap_triton``."""
+    previous = _TRACING.active
+    _TRACING.active = True
+    try:
+        yield
+    finally:
+        _TRACING.active = previous
+
+
+def tracing() -> bool:
+    """Whether launches in this thread are being traced (``traced_launches``)."""
+    return _TRACING.active
+
+
+def placeholder(t: torch.Tensor) -> torch.Tensor:
+    """What to pass for a kernel parameter that takes a tensor it never reads
+    or writes (an absent weight, an unused workspace): ``t`` itself, except
+    while launches are traced, where a fresh empty tensor of t's dtype and
+    device keeps every parameter's tensor distinct."""
+    return t.new_empty(0) if _TRACING.active else t
+
+
 def _launch_hooks_installed() -> bool:
     rt = triton.knobs.runtime
     return any(getattr(h, "calls", h) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
@@ -117,6 +166,9 @@ class Launcher:
 
     def __call__(self, grid: int, *args: Any) -> None:
         """Launch on the device of the first argument (a tensor)."""
+        if _TRACING.active:
+            self._launch_traced(grid, args)
+            return
         if len(args) != self._n_runtime:
             self._launch_by_triton(grid, args)
             return
@@ -127,6 +179,9 @@ class Launcher:
     def launch(self, grid: int, tensors: tuple, scalars: tuple, scalar_key: int) -> None:
         """``self(grid, *tensors, *scalars)`` for a caller that keeps
         ``scalar_key = scalar_specialization(scalars)`` with its scalars."""
+        if _TRACING.active:
+            self._launch_traced(grid, (*tensors, *scalars))
+            return
         if len(tensors) + len(scalars) != self._n_runtime:
             self._launch_by_triton(grid, (*tensors, *scalars))
             return
@@ -136,6 +191,15 @@ class Launcher:
                 self._launch(dev, grid, tensors, scalars, scalar_key)
         else:
             self._launch(dev, grid, tensors, scalars, scalar_key)
+
+    def _launch_traced(self, grid: int, args: tuple) -> None:
+        seen: set[int] = set()
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if id(a) in seen:
+                    raise Untraceable(f"{self.kernel.__name__}: one tensor fills two parameters")
+                seen.add(id(a))
+        torch.library.wrap_triton(self.kernel)[(grid,)](*args, **self.meta)
 
     def _launch_by_triton(self, grid: int, args: tuple) -> None:
         with on_device_of(args[0] if args else None):

@@ -5,6 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from registrations._library import fast_call
+
+# torch.ops.liger.poly_norm, called without the dispatcher's crossing in plain eager calls (registrations/_library.py).
+_POLY_NORM = fast_call(torch.ops.liger.poly_norm)
+
 
 class PolyNorm(nn.Module):
     """y = w0*norm(x^3) + w1*norm(x^2) + w2*norm(x) + b, norm over the last dim.
@@ -21,7 +26,7 @@ class PolyNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.liger.poly_norm(x, self.weight, self.bias, self.eps)
+        return _POLY_NORM(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}"

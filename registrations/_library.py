@@ -18,15 +18,19 @@ the same check, so bad input fails alike eagerly and under torch.compile.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
 from torch._functorch.utils import enable_single_level_autograd_function
+from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.autograd import forward_ad
+
+from csrc_free_ops import launcher
 
 LIB = torch.library.Library("liger", "DEF")
 
@@ -156,10 +160,13 @@ class _Bound(NamedTuple):
 _BOUND: dict[torch._ops.OpOverload, _Bound] = {}
 
 
-def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries) -> torch._ops.OpOverload:
+def define_op(
+    schema: str, *, check: Callable, fake: Callable, entries: Entries, traceable: bool = True
+) -> torch._ops.OpOverload:
     """Define ``liger::<name>`` from its schema, bind each dispatch key to
     its entry and register the fake kernel; ``check`` runs first in all of
-    them.  Returns the op's default overload."""
+    them.  ``traceable``: under torch.compile, CUDA calls decompose into the
+    entry's kernels (below).  Returns the op's default overload."""
     LIB.define(schema)
     name = schema.split("(", 1)[0]
     op = getattr(torch.ops.liger, name).default
@@ -170,7 +177,96 @@ def define_op(schema: str, *, check: Callable, fake: Callable, entries: Entries)
     torch.library.register_fake("liger::" + name, _with_defaults(_checked(check, fake), sig), lib=LIB)
     privateuse1 = torch._C._get_privateuse1_backend_name()
     _BOUND[op] = _Bound(check, {"cuda": entries.cuda, "cpu": cpu, privateuse1: entries.npu})
+    if traceable:
+        torch.library.register_torch_dispatch(
+            "liger::" + name, FunctionalTensorMode, _decomposition(sig, check, entries.cuda), lib=LIB
+        )
     return op
+
+
+# ---------------------------------------------------------------------------
+# Under torch.compile: the kernels in the graph.
+#
+# Dynamo records a call of a liger op as one opaque node.  When AOTAutograd
+# traces the graph (under FunctionalTensorMode), an op on CUDA tensors of
+# concrete sizes is decomposed instead, as torch.library.triton_op does: its
+# CUDA entry runs on the traced tensors with launches going through
+# torch.library.wrap_triton (launcher.traced_launches), so the graph holds
+# the entry's allocations and its triton_kernel_wrapper nodes, and Inductor
+# launches the kernels from its generated code instead of calling back into
+# Python for the op.  Everything else keeps the opaque op: other devices (the
+# NPU, CPU tensors: the interpreter's kernels are no JITFunctions), symbolic
+# sizes (the plans compute on plain ints; specializing them would recompile
+# per shape), torch.export (a serializable program keeps high-level ops),
+# tensor subclasses, and a launch the traced path cannot express
+# (launcher.Untraceable).  CSRC_FREE_OPS_DECOMPOSE=0, or decomposition(False),
+# turns it off.
+
+_DECOMPOSE = [os.environ.get("CSRC_FREE_OPS_DECOMPOSE", "1") != "0"]
+
+
+@contextlib.contextmanager
+def decomposition(enabled: bool) -> Iterator[None]:
+    """Whether graphs traced inside this block decompose the ops into their
+    kernels (the compiled code keeps what was traced)."""
+    previous = _DECOMPOSE[0]
+    _DECOMPOSE[0] = enabled
+    try:
+        yield
+    finally:
+        _DECOMPOSE[0] = previous
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _concrete(args: tuple) -> bool:
+    """Every tensor on CUDA with plain-int sizes, strides and offset, and no symbolic scalar."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            for s in (*a.shape, *a.stride(), a.storage_offset()):
+                if isinstance(s, _SYMBOLIC):
+                    return False
+            if a.device.type != "cuda":
+                return False
+        elif isinstance(a, _SYMBOLIC) or (isinstance(a, (list, tuple)) and any(isinstance(v, _SYMBOLIC) for v in a)):
+            return False
+    return True
+
+
+def _export_in_progress() -> bool:
+    """torch.export keeps custom ops whole (triton_op's rule); its switch is private, so a torch
+    without it counts as exporting never."""
+    try:
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+    except ImportError:
+        return False
+    return custom_triton_ops_decomposition_disabled()
+
+
+def _plain_types(types: Any) -> bool:
+    """Only the tensor types AOTAutograd's own tracing brings (triton_op's rule)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return all(issubclass(t, FakeTensor) or t in (torch.Tensor, FunctionalTensor) for t in types)
+
+
+def _decomposition(sig: _Signature, check: Callable, cuda_entry: Callable) -> Callable:
+    def decompose(mode, op, types, args, kwargs):
+        if not _plain_types(types):
+            return NotImplemented
+        full = sig.complete(args, kwargs or {})
+        if not (_DECOMPOSE[0] and _concrete(full)) or _export_in_progress():
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        try:
+            with mode, launcher.traced_launches():
+                check(*full)
+                return cuda_entry(*full)
+        except launcher.Untraceable:  # what it traced before this is left unused, and dropped
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+
+    return decompose
 
 
 # The dispatch keys (raw_repr) of a plain dense tensor, per device type found
@@ -266,6 +362,12 @@ def _tensor_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
     return tuple(positions)
 
 
+def _function(name: str, **methods: Callable) -> type:
+    """A torch.autograd.Function subclass called ``name`` with these static methods."""
+    body = {k: staticmethod(v) for k, v in methods.items()}
+    return type(name, (torch.autograd.Function,), {"__qualname__": name, **body})
+
+
 def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
     """Give ``op`` an autograd formula, like torch.library.register_autograd.
 
@@ -285,24 +387,21 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     name = op._schema.name.split("::", 1)[1]
     sig = _signature(op)
 
-    class Formula(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            output = _below_autograd_in_transforms(op, args)
-            setup_context(ctx, args, output)
-            if forward_ad._current_level >= 0:  # a dual level is open: jvp may need the primals
-                ctx.jvp_primals = args
-            return output
+    def forward(ctx, *args):
+        output = _below_autograd_in_transforms(op, args)
+        setup_context(ctx, args, output)
+        if forward_ad._current_level >= 0:  # a dual level is open: jvp may need the primals
+            ctx.jvp_primals = args
+        return output
 
-        @staticmethod
-        def backward(ctx, *grads):
-            return backward(ctx, *grads)
+    def formula_backward(ctx, *grads):
+        return backward(ctx, *grads)
 
-        @staticmethod
-        def jvp(ctx, *tangents):
-            return _jvp(op, ctx.jvp_primals, tangents)
+    def jvp(ctx, *tangents):
+        return _jvp(op, ctx.jvp_primals, tangents)
 
-    Formula.__name__ = Formula.__qualname__ = f"{name}_autograd"
+    # Named when created: autograd names the graph's node class (grad_fn) after it then.
+    Formula = _function(f"{name}_autograd", forward=forward, backward=formula_backward, jvp=jvp)
     apply = _apply_on_this_level(Formula)
 
     tensor_positions = _tensor_positions(op)
@@ -319,6 +418,76 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
         return _checked_below_autograd(op, args)
 
     LIB.impl(name, autograd_kernel, "Autograd")
+
+    check = _BOUND[op].check
+
+    def direct_forward(ctx, *args_and_entry):
+        args, entry = args_and_entry[:-1], args_and_entry[-1]
+        check(*args)
+        output = entry(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    def direct_backward(ctx, *grads):
+        return (*backward(ctx, *grads), None)
+
+    # Formula for fast_call's plain eager calls: the entry, found by the caller, comes after the
+    # schema's arguments and is called directly.  Same name, so the same grad_fn name.
+    Direct = _function(Formula.__name__, forward=direct_forward, backward=direct_backward)
+
+    def direct_kernel(entry: Callable, args: tuple):
+        """autograd_kernel(*args) (every schema argument given) for arguments
+        whose entry ``_direct_entry`` found."""
+        if torch.is_grad_enabled():
+            for i in tensor_positions:
+                a = args[i]
+                if a is not None and a.requires_grad:
+                    return apply(*args) if forward_ad._current_level >= 0 else Direct.apply(*args, entry)
+        if forward_ad._current_level >= 0 and _any_tangent(args):
+            return apply(*args)
+        check(*args)
+        return entry(*args)
+
+    _DIRECT_KERNELS[op] = direct_kernel
+
+
+# ---------------------------------------------------------------------------
+# The eager fast path of the user-facing entries (liger_nn).
+
+_DIRECT_KERNELS: dict[torch._ops.OpOverload, Callable] = {}
+_is_compiling = torch.compiler.is_compiling
+
+
+def fast_call(op: torch._ops.OpOverloadPacket | torch._ops.OpOverload) -> Callable:
+    """``op`` as a plain callable for user-facing code.  In plain eager calls
+    (not compiling, and ``_direct_entry`` finds the entry: no
+    TorchDispatchMode, no transform's dispatch keys, plain tensors of one
+    device) it does what the op's Autograd kernel (``register_autograd``)
+    does, with the entry found once: the dispatcher's crossing into Python
+    (~30 us a call on the H200's host) and a second plainness test inside
+    the formula are skipped; the same autograd node (named like the
+    kernel's) is recorded and the same entry reached.  Under torch.compile,
+    modes (fake tensors, profilers' modes), torch.func transforms and tensor
+    subclasses (DTensor) it calls ``op`` itself."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        op = op.default
+    direct = _DIRECT_KERNELS[op]
+    sig = _signature(op)
+
+    def call(*args, **kwargs):
+        if _is_compiling():
+            return op(*args, **kwargs)
+        entry = _direct_entry(op, args)
+        if entry is None or (kwargs and _any_tensor(kwargs.values())):
+            return op(*args, **kwargs)
+        return direct(entry, sig.complete(args, kwargs))
+
+    call.__name__ = call.__qualname__ = f"{op._schema.name.split('::', 1)[1]}_fast_call"
+    return call
+
+
+def _any_tensor(values: Any) -> bool:
+    return any(isinstance(v, torch.Tensor) for v in values)
 
 
 # ---------------------------------------------------------------------------

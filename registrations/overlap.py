@@ -20,6 +20,8 @@ not reused for overlapping ones.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:  # torch >= 2.12
@@ -84,8 +86,32 @@ def _merged(gens: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     return [(g, lo, hi) for g, (lo, hi) in sorted(by_stride.items(), reverse=True)]
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's sizes and strides are plain ints laying its elements out
+    as a permutation of a contiguous tensor's (one block, each element once):
+    the common case, decided without the search (and remembered by layout)."""
+    try:
+        return _dense_layout(t.shape, t.stride())
+    except TypeError:  # symbolic sizes (torch.compile tracing): unhashable
+        return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_layout(shape: torch.Size, stride: tuple[int, ...]) -> bool:
+    if not all(type(v) is int for v in (*shape, *stride)):
+        return False
+    expected = 1
+    for st, sz in sorted((st, sz) for st, sz in zip(stride, shape, strict=True) if sz != 1):
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
 def self_overlapping(t: torch.Tensor) -> bool:
     """Whether two distinct indices of t address the same element."""
+    if _dense(t):
+        return False
     if any(_int(size) == 0 for size in t.shape):  # no elements (torch's in-place ops accept these too)
         return False
     _, dims = _layout(t)

@@ -1,0 +1,116 @@
+"""What each provider of `python -m bench.steps` does to a built model.
+
+    native    the model as is
+    upstream  upstream Liger-Kernel's equivalent: every exact nn.GroupNorm
+              becomes a LigerGroupNorm holding the same Parameters (diffusion
+              models, ResNet stack); for Llama and Qwen2 the modeling module's
+              ``apply_rotary_pos_emb`` becomes ``liger_rotary_pos_emb``, which
+              is what ``apply_liger_kernel_to_llama/qwen2(rope=True)`` does,
+              with every other kernel of those functions (RMSNorm, SwiGLU,
+              fused linear cross entropy) left out so that only the op this
+              project also has is swapped
+    liger     ``liger_nn.apply_liger_ops(model)``
+
+``apply(provider, model_name, net)`` patches and returns an undo callable;
+it raises ``NotApplicable`` with the reason when the provider does not apply.
+The rotary swaps (upstream's and ours) are process-wide (``per_instance`` is
+False): bench.steps applies them around each of the provider's rounds in eager
+mode and runs the compiled modes one provider after another.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from torch import nn
+
+from bench.step_models import CONV_MODELS, LLM_MODELS
+
+PROVIDERS = ("native", "upstream", "liger")
+
+_LLM_MODULES = {
+    "llama": "transformers.models.llama.modeling_llama",
+    "qwen2": "transformers.models.qwen2.modeling_qwen2",
+}
+
+
+class NotApplicable(RuntimeError):
+    """The provider has nothing to swap in this model, or cannot run here."""
+
+
+def per_instance(model: str) -> bool:
+    """True when every provider's patch touches only the model instance, so
+    providers can be interleaved round by round."""
+    return model in CONV_MODELS
+
+
+def _upstream_group_norm(net: nn.Module) -> Callable[[], None]:
+    try:
+        from liger_kernel.transformers.group_norm import LigerGroupNorm
+    except Exception as e:  # noqa: BLE001 - any import failure means the rival is absent
+        raise NotApplicable(f"liger_kernel not importable: {type(e).__name__}: {e}") from None
+    swaps = []
+    for qualname, module in list(net.named_modules()):
+        if type(module) is not nn.GroupNorm:
+            continue
+        if not module.affine:
+            continue
+        new = LigerGroupNorm(module.num_channels, module.num_groups, eps=module.eps)
+        new.weight, new.bias = module.weight, module.bias
+        new.variance_epsilon = module.eps
+        new.train(module.training)
+        parent_name, _, child = qualname.rpartition(".")
+        parent = net.get_submodule(parent_name) if parent_name else net
+        setattr(parent, child, new)
+        swaps.append((parent, child, module))
+    if not swaps:
+        raise NotApplicable("no affine nn.GroupNorm to swap for LigerGroupNorm")
+
+    def undo() -> None:
+        for parent, child, module in reversed(swaps):
+            setattr(parent, child, module)
+
+    return undo
+
+
+def _upstream_rope(model: str) -> Callable[[], None]:
+    try:
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except Exception as e:  # noqa: BLE001
+        raise NotApplicable(f"liger_kernel not importable: {type(e).__name__}: {e}") from None
+    module = importlib.import_module(_LLM_MODULES[model])
+    original = module.apply_rotary_pos_emb
+    module.apply_rotary_pos_emb = liger_rotary_pos_emb
+
+    def undo() -> None:
+        module.apply_rotary_pos_emb = original
+
+    return undo
+
+
+def _liger(net: nn.Module) -> Callable[[], None]:
+    from liger_nn import apply_liger_ops
+
+    handle = apply_liger_ops(net)
+    if not handle.report.replaced:
+        handle.remove()
+        raise NotApplicable("apply_liger_ops replaced nothing in this model")
+    return handle.remove
+
+
+def apply(provider: str, model: str, net: nn.Module) -> tuple[Callable[[], None], str]:
+    """Patch ``net`` for ``provider``; returns (undo, a note on what was swapped)."""
+    if provider == "native":
+        return (lambda: None), "as is"
+    if provider == "upstream":
+        if model in CONV_MODELS:
+            undo = _upstream_group_norm(net)
+            return undo, "LigerGroupNorm for every nn.GroupNorm"
+        if model in LLM_MODELS:
+            return _upstream_rope(model), "liger_rotary_pos_emb (rope only)"
+        raise NotApplicable(f"no upstream equivalent for {model}")
+    if provider == "liger":
+        undo = _liger(net)
+        return undo, "apply_liger_ops"
+    raise ValueError(f"unknown provider {provider!r}; choose from {', '.join(PROVIDERS)}")

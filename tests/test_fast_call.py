@@ -1,0 +1,123 @@
+"""registrations/_library.fast_call, the eager path of liger_nn: in plain
+eager calls it enters the op's Autograd kernel without the dispatcher, with
+the same results and gradients; under torch.compile, modes, torch.func
+transforms and tensor subclasses it calls the op itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses import FakeTensorMode
+from torch.testing._internal.two_tensor import TwoTensor
+
+import liger_nn
+from registrations import _library
+from tests.helpers import DEVICE
+
+OP = torch.ops.liger.group_norm.default
+
+
+class _Spy:
+    """fast_call(OP) with its direct kernel wrapped: ``direct`` counts the
+    calls that took it instead of the op (the dispatcher's path)."""
+
+    def __init__(self, monkeypatch):
+        self.direct = 0
+        kernel = _library._DIRECT_KERNELS[OP]
+
+        def counting(*args, **kwargs):
+            self.direct += 1
+            return kernel(*args, **kwargs)
+
+        monkeypatch.setitem(_library._DIRECT_KERNELS, OP, counting)
+        self.call = _library.fast_call(torch.ops.liger.group_norm)
+
+
+def _inputs(requires_grad=True):
+    x = torch.randn(2, 8, 4, 4, device=DEVICE, requires_grad=requires_grad)
+    return x, torch.randn(8, device=DEVICE, requires_grad=requires_grad), torch.randn(8, device=DEVICE)
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_plain_eager_call_skips_the_dispatcher_with_identical_results(requires_grad, monkeypatch):
+    spy = _Spy(monkeypatch)
+    x, w, b = _inputs(requires_grad)
+    y = spy.call(x, 4, w, b, 1e-5)
+    assert spy.direct == 1
+    y_op = torch.ops.liger.group_norm(x, 4, w, b, 1e-5)
+    assert torch.equal(y, y_op)
+    if requires_grad:
+        assert type(y.grad_fn).__name__ == type(y_op.grad_fn).__name__
+        dy = torch.randn_like(y)
+        grads = torch.autograd.grad(y, (x, w), dy)
+        grads_op = torch.autograd.grad(y_op, (x, w), dy)
+        for g, g_op in zip(grads, grads_op, strict=True):
+            assert torch.equal(g, g_op)
+
+
+def test_the_module_takes_the_fast_path():
+    from liger_nn import group_norm
+
+    assert group_norm._GROUP_NORM.__name__ == "group_norm_fast_call"
+    module = liger_nn.GroupNorm(4, 8).to(DEVICE)
+    x = torch.randn(2, 8, 4, 4, device=DEVICE, requires_grad=True)
+    module(x).sum().backward()
+    assert x.grad is not None
+
+
+def test_modes_transforms_and_subclasses_call_the_op(monkeypatch):
+    spy = _Spy(monkeypatch)
+    x, w, b = _inputs(False)
+    with FakeTensorMode():
+        spy.call(torch.empty(2, 8, 4, 4, device=DEVICE), 4, None, None, 1e-5)
+    torch.func.vmap(lambda t: spy.call(t, 4, w, b, 1e-5))(x.unsqueeze(0))
+    y = spy.call(TwoTensor(x, x.clone()), 4, w, b, 1e-5)
+    assert isinstance(y, TwoTensor)
+    torch.func.grad(lambda t: spy.call(t, 4, w, b, 1e-5).sum())(x)
+    assert spy.direct == 0
+    spy.call(x, 4, w, b, 1e-5)
+    assert spy.direct == 1
+
+
+def test_compile_traces_the_op():
+    """Dynamo records the op itself (the fast path is Python Dynamo would otherwise trace into)."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    module = liger_nn.GroupNorm(4, 8).to(DEVICE)
+    x = torch.randn(2, 8, 4, 4, device=DEVICE, requires_grad=True)
+    torch._dynamo.reset()
+    out = torch.compile(module, backend=record, fullgraph=True)(x)
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert OP in targets or torch.ops.liger.group_norm in targets
+    torch.testing.assert_close(out, module(x))
+
+
+def test_bad_input_raises_as_through_the_op(monkeypatch):
+    spy = _Spy(monkeypatch)
+    x, w, b = _inputs(True)
+    with pytest.raises(ValueError, match="not divisible by num_groups=3"):
+        spy.call(x, 3, w, b, 1e-5)
+    assert spy.direct == 1
+
+
+def test_rope_and_poly_norm_fast_calls_match_the_ops():
+    q = torch.randn(1, 4, 8, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 2, 8, 16, device=DEVICE, requires_grad=True)
+    cos, sin = torch.randn(8, 16, device=DEVICE), torch.randn(8, 16, device=DEVICE)
+    fast, slow = _library.fast_call(torch.ops.liger.rope), torch.ops.liger.rope
+    outs = [f(q, k, cos, sin, pairs="interleaved") for f in (fast, slow)]
+    grads = [torch.autograd.grad(o, (q, k), [torch.ones_like(t) for t in o]) for o in outs]
+    for a, b in zip((*outs[0], *grads[0]), (*outs[1], *grads[1]), strict=True):
+        assert torch.equal(a, b)
+    x = torch.randn(4, 32, device=DEVICE, requires_grad=True)
+    w = torch.randn(3, device=DEVICE, requires_grad=True)
+    bias = torch.randn(1, device=DEVICE, requires_grad=True)
+    fast = _library.fast_call(torch.ops.liger.poly_norm)
+    ys = [f(x, w, bias) for f in (fast, torch.ops.liger.poly_norm)]
+    gs = [torch.autograd.grad(y.square().sum(), (x, w, bias)) for y in ys]
+    for a, b in zip((ys[0], *gs[0]), (ys[1], *gs[1]), strict=True):
+        assert torch.equal(a, b)

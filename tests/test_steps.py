@@ -1,0 +1,129 @@
+"""Smoke test of the whole-step benchmark (bench.steps) on tiny configs under the interpreter."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+
+import pytest
+import torch
+
+from bench import step_models, step_providers, steps
+
+needs_diffusers = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None, reason="diffusers not installed")
+
+
+def test_steps_tiny_cpu_records_complete_and_finite(monkeypatch, tmp_path):
+    # The ResNet stack's patch is per model; Llama's rotary swap is process-wide, so in eager mode each
+    # provider's swap is applied around its own round only, the providers taking turns in a rotated order.
+    modeling = importlib.import_module("transformers.models.llama.modeling_llama")
+    original = modeling.apply_rotary_pos_emb
+    seen = []
+    real_round = steps._round
+
+    def spy(p, n, device):
+        if p.record["model"] == "llama":
+            seen.append((p.provider, modeling.apply_rotary_pos_emb is original))
+        return real_round(p, n, device)
+
+    monkeypatch.setattr(steps, "_round", spy)
+    argv = ["--device", "cpu", "--tiny", "--models", "resnet,llama", "--providers", "native,liger"]
+    argv += ["--modes", "eager", "--rounds", "2", "--warmup", "1", "--out", str(tmp_path)]
+    assert steps.main(argv) == 0
+    assert seen == [("native", True), ("liger", False), ("liger", False), ("native", True)]
+    assert modeling.apply_rotary_pos_emb is original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.json", "steps.log", "steps.md"]
+    data = json.loads((tmp_path / "steps.json").read_text())
+    records = data["records"]
+    assert data["environment"]["optimizer"].startswith("SGD")
+    assert {(r["model"], r["provider"]) for r in records} == {
+        (m, p) for m in ("resnet", "llama") for p in ("native", "liger")
+    }
+    for r in records:
+        assert r["status"] == "ok", r
+        assert r["mode"] == "eager" and r["layout"] == "contiguous" and r["interleaved"]
+        assert r["rounds"] == 2 and len(r["samples_ms"]) == 2
+        for key in ("ms", "ms_min", "ms_max", "ms_iqr", "loss"):
+            assert math.isfinite(r[key]), (key, r)
+        assert 0 < r["ms_min"] <= r["ms"] <= r["ms_max"]
+        assert r["kernel_ms"] is None and r["peak_mb"] is None  # CUDA only
+        assert "host" not in r  # --host-profile is off by default
+    # Same seed, same weights: the patched model's loss matches the model as is.
+    for model in ("resnet", "llama"):
+        loss = {r["provider"]: r["loss"] for r in records if r["model"] == model}
+        assert loss["liger"] == pytest.approx(loss["native"], rel=1e-4, abs=1e-5)
+    table = (tmp_path / "steps.md").read_text()
+    assert "| resnet | (1, 8, 4, 4) | contiguous | eager |" in table
+    assert "liger / native" in table
+    assert "llama B1 S8 contiguous eager: native" in (tmp_path / "steps.log").read_text()
+
+
+def test_steps_failure_is_a_row_not_a_crash(monkeypatch, tmp_path):
+    def broken(provider, model, net):
+        raise RuntimeError("patch failed")
+
+    monkeypatch.setattr(step_providers, "apply", broken)
+    argv = ["--device", "cpu", "--tiny", "--models", "resnet", "--providers", "native", "--modes", "eager"]
+    assert steps.main([*argv, "--rounds", "1", "--out", str(tmp_path)]) == 0
+    (record,) = json.loads((tmp_path / "steps.json").read_text())["records"]
+    assert record["status"] == "error" and "patch failed" in record["error"]
+    assert "error: RuntimeError: patch failed" in (tmp_path / "steps.md").read_text()
+
+
+def test_steps_rejects_unknown_names():
+    with pytest.raises(SystemExit):
+        steps.parse_args(["--models", "gpt5"])
+    with pytest.raises(SystemExit):
+        steps.parse_args(["--modes", "max-autotune"])
+
+
+@needs_diffusers
+@pytest.mark.parametrize("model", ["unet", "vae"])
+def test_diffusion_models_build_step_and_patch(model):
+    # One native eager step of the tiny diffusers models, and apply_liger_ops swapping their GroupNorms
+    # (the liger step itself runs in the manual --tiny run: minutes under the interpreter).
+    (shape,) = step_models.CASES[model].tiny
+    net, batch = step_models.build(model, shape, "cpu", torch.float32, tiny=True)
+    step_models.to_layout(net, batch, "channels_last")
+    loss = steps.make_step(model, net, batch, "eager")()
+    assert math.isfinite(float(loss))
+    norms = sum(type(m) is torch.nn.GroupNorm for m in net.modules())
+    undo, _ = step_providers.apply("liger", model, net)
+    assert sum(type(m) is torch.nn.GroupNorm for m in net.modules()) == 0 < norms
+    undo()
+    assert sum(type(m) is torch.nn.GroupNorm for m in net.modules()) == norms
+
+
+def test_host_profile_records_host_side_of_a_step(tmp_path):
+    argv = ["--device", "cpu", "--tiny", "--models", "llama", "--providers", "native", "--modes", "eager"]
+    assert steps.main([*argv, "--rounds", "1", "--warmup", "1", "--host-profile", "--out", str(tmp_path)]) == 0
+    (record,) = json.loads((tmp_path / "steps.json").read_text())["records"]
+    host = record["host"]
+    assert "profiler_error" not in host, host
+    assert 0 < host["host_ms"] and len(host["host_ms_samples"]) == 5
+    assert host["host_ms_profiled"] > 0
+    assert host["sync_calls_per_step"] == {} and host["dtoh_copies_per_step"] == 0  # CPU: no CUDA calls
+    assert 0 < len(host["top_self_cpu"]) <= 15
+    assert all(a["name"] != "bench.steps:step" and a["self_cpu_ms_per_step"] >= 0 for a in host["top_self_cpu"])
+    assert "| llama | B1 S8 | contiguous | eager | native |" in (tmp_path / "steps.md").read_text()
+    assert "ms/step to enqueue" in (tmp_path / "steps.log").read_text()
+
+
+def test_cudagraph_skips_counted_and_worded():
+    from torch._dynamo.utils import counters
+
+    log = logging.getLogger(steps._CudagraphSkips._LOGGER)
+    with steps._CudagraphSkips() as skips:
+        log.warning("skipping cudagraphs due to mutated inputs (1 instances)")
+        counters["inductor"]["cudagraph_skips"] += 1
+    assert skips.count == 1 and skips.messages == ["skipping cudagraphs due to mutated inputs (1 instances)"]
+    with steps._CudagraphSkips() as none:
+        log.warning("some other cudagraphs message")
+    assert none.count == 0 and none.messages == []
+    row = dict(model="resnet", label="(4, 8)", layout="contiguous", mode="reduce-overhead", provider="upstream")
+    row |= dict(status="ok", ms=1.0, ms_min=1.0, ms_max=1.0, cudagraph_skips=skips.messages)
+    assert "upstream: Inductor ran without CUDA graphs (skipping cudagraphs due to mutated" in steps.markdown(
+        [row], ["upstream"]
+    )
