@@ -1,7 +1,8 @@
 """transformers' rotary functions other than Llama's, backed by torch.ops.liger.rope.
 
 Each function has the signature and the math of the transformers function it
-is named after; ``liger_nn.apply_rotary_pos_emb`` (``liger_nn/rope.py``) is
+is named after, and rotates in place where ``liger_nn.rope.rotates_in_place``
+allows; ``liger_nn.apply_rotary_pos_emb`` (``liger_nn/rope.py``) is
 Llama's ``rotate_half`` one, partial rotary included.  Gradients flow to q
 and k only.  The tables may be float32 with half-precision q and k: the math
 runs in float32 and each output keeps its input's dtype.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from liger_nn.rope import rope_in_place_or_not
+
 # unsqueeze_dim values that put heads at dim 1, (B, H, S, D), or at dim 2, (B, S, H, D).
 _HEADS_FIRST = (1, -3)
 _SEQ_FIRST = (2, -2)
@@ -28,9 +31,9 @@ _SEQ_FIRST = (2, -2)
 
 def _rope(name: str, q, k, cos, sin, unsqueeze_dim: int, pairs: str) -> tuple[torch.Tensor, torch.Tensor]:
     if unsqueeze_dim in _HEADS_FIRST:
-        return torch.ops.liger.rope(q, k, cos, sin, pairs=pairs)
+        return rope_in_place_or_not(q, k, cos, sin, pairs=pairs)
     if unsqueeze_dim in _SEQ_FIRST:
-        q_out, k_out = torch.ops.liger.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, pairs=pairs)
+        q_out, k_out = rope_in_place_or_not(q.transpose(1, 2), k.transpose(1, 2), cos, sin, pairs=pairs)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
     raise ValueError(f"{name}: unsqueeze_dim must be 1 (B, H, S, D) or 2 (B, S, H, D), got {unsqueeze_dim}")
 
@@ -85,4 +88,4 @@ def apply_rotary_pos_emb_vision(
     """Qwen2-VL's and Qwen2.5-VL's vision rotary: packed tokens q (T, H, D)
     and k (T, Hk, D) with (T, R) tables (float32 in transformers, whatever q's
     dtype), rotate_half pairs."""
-    return torch.ops.liger.rope(q, k, cos, sin)
+    return rope_in_place_or_not(q, k, cos, sin)

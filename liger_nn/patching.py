@@ -13,14 +13,22 @@ What is replaced (each kind can be switched off):
   ``forward`` looks the name up in its module's globals on every call, so the
   swap is **process-wide for that architecture**: every model of the
   architecture in the process uses the op until the last handle that patched
-  it is removed.  transformers (5.17) offers no per-instance hook for these
+  it is removed.  transformers offers no per-instance hook for these
   functions: its class-level patch mapping acts only while a model is
-  created, and the hub ``kernels`` decorators need the ``kernels`` package and
-  a hub repository.
+  created, and ``kernels.kernelize`` replaces the forward of the module
+  object one architecture's models share (``liger_nn.hub`` offers the op to
+  it).  With ``kernels`` installed, the decorated functions are such module
+  objects; ``hub_function`` reads the function behind one.
 * ``group_norm``: every submodule whose class is exactly ``torch.nn.GroupNorm``
   (subclasses are left alone) becomes a ``liger_nn.GroupNorm`` holding the
   *same* Parameter objects (an optimizer built earlier keeps working), so
   ``state_dict`` keys, dtypes and devices are unchanged.  Per model.
+* ``group_norm_silu``: every diffusers ``ResnetBlock2D`` whose norms are
+  GroupNorms and whose nonlinearity is SiLU runs each norm -> SiLU pair as
+  one ``group_norm(..., activation="silu")`` call (``liger_nn.diffusers_blocks``:
+  an instance ``forward``; norm2's pair only with the default time
+  embedding).  Each distinct kind of block is checked against its class's
+  forward first.  Per model.
 * ``poly_norm``: every submodule whose class name contains ``PolyNorm`` and
   that has ``weight`` of shape (3,), a one-element ``bias`` and a float
   ``eps`` becomes a ``liger_nn.PolyNorm`` sharing those parameters.  Per model.
@@ -31,7 +39,10 @@ layouts, with random tables; each distinct PolyNorm class); a candidate that
 disagrees is left alone and the report says why.  GroupNorm needs no check: the class is exact.
 
 The returned ``LigerPatch`` reports what was replaced and what was left alone,
-and undoes everything with ``remove()`` or on leaving a ``with`` block.
+and undoes everything with ``remove()`` or on leaving a ``with`` block.  No
+quiet zero: a rotary of an allowed architecture left alone, or a swapped one
+that no code of the model's classes names (a static check of their bytecode,
+no forward), raises a ``LigerPatchWarning`` beside the report line.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ import importlib
 import inspect
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,7 +62,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from liger_nn import hf_rotary
+from liger_nn import diffusers_blocks, hf_rotary
 from liger_nn.group_norm import GroupNorm
 from liger_nn.poly_norm import PolyNorm
 from liger_nn.rope import apply_rotary_pos_emb as _liger_apply_rotary_pos_emb
@@ -133,9 +145,11 @@ ROPE_FUNCTIONS: dict[str, tuple[tuple[str, str], ...]] = {
 ROPE_ARCHITECTURES: tuple[str, ...] = tuple(ROPE_FUNCTIONS)
 
 # The versions the patch is tested with: 5.17.0 in CI and on the CUDA machine, the range's ends
-# (4.57.1, 5.24.0) by `nox -s transformers`.  On 4.57.1 DeepSeek-V3's interleaved rotary is
-# another function and is left alone; the Qwen-VL models are tested on 5.x only.
-TESTED_TRANSFORMERS_VERSIONS: tuple[str, ...] = ("4.57.1", "5.17.0", "5.24.0")
+# (4.57.1, 5.25.0) by `nox -s transformers`.  On 4.57.1 DeepSeek-V3's interleaved rotary is
+# another function and is left alone; the Qwen-VL models are tested on 5.x only.  5.25.0 brings
+# the `kernels` package, whose hub decorators make most rotary functions module objects
+# (hub_function unwraps them).
+TESTED_TRANSFORMERS_VERSIONS: tuple[str, ...] = ("4.57.1", "5.17.0", "5.25.0")
 
 _ROPE_PREFIX = "apply_rotary"  # the names of the rotary functions in modeling modules
 _MODELS_PREFIX = "transformers.models."
@@ -147,7 +161,7 @@ _CHECK_RTOL = 1e-4
 class Replacement:
     """One thing the patch looked at.
 
-    kind: "rope", "group_norm" or "poly_norm".  target: the qualified submodule
+    kind: "rope", "group_norm", "group_norm_silu" or "poly_norm".  target: the qualified submodule
     name in the model ("" for the root), or for rope the rotary function's
     qualified name (``transformers.models.<arch>.modeling_<arch>.<function>``).
     detail: what it was, or why it was left alone."""
@@ -157,10 +171,17 @@ class Replacement:
     detail: str
 
 
+class LigerPatchWarning(UserWarning):
+    """apply_liger_ops left (part of) the rotary of an architecture of its table on
+    the original code, or swapped a rotary function that no code of the model refers to."""
+
+
 @dataclass
 class PatchReport:
     replaced: list[Replacement] = field(default_factory=list)
     left_alone: list[Replacement] = field(default_factory=list)
+    # The messages apply_liger_ops also raised as LigerPatchWarning.
+    warnings: list[str] = field(default_factory=list)
 
     def count(self, kind: str) -> int:
         return sum(r.kind == kind for r in self.replaced)
@@ -180,6 +201,9 @@ class PatchReport:
         lines += [f"  {r.kind:10s} {r.target or '<root>'}: {r.detail}" for r in self.replaced]
         lines.append(f"left alone {len(self.left_alone)}:")
         lines += [f"  {r.kind:10s} {r.target or '<root>'}: {r.detail}" for r in self.left_alone]
+        if self.warnings:
+            lines.append(f"warnings {len(self.warnings)}:")
+            lines += [f"  {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
@@ -199,15 +223,45 @@ class _RopeSwap:
 
 
 _ROPE_SWAPS: dict[str, _RopeSwap] = {}
+_NOT_DEFINED = "not defined by this transformers version"
 _ROPE_LOCK = threading.Lock()
+
+
+def hub_function(obj: Callable) -> Callable | None:
+    """The function behind a ``kernels`` function layer, or None if ``obj`` is none.
+
+    With the ``kernels`` package installed, transformers (5.x) decorates most
+    rotary functions with ``@use_kernel_forward_from_hub("rotary_pos_emb")``,
+    which turns the module global into an instance of a one-off ``nn.Module``
+    class (kernels' ``_create_func_module``) whose ``forward`` calls the
+    function: its own signature is ``(*args, **kwargs)``, its class carries
+    ``kernel_layer_name`` and the function's signature on ``forward``."""
+    if not isinstance(obj, nn.Module) or not hasattr(type(obj), "kernel_layer_name"):
+        return None
+    forward = type(obj).forward
+    cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or (), strict=True))
+    cell = cells.get("func")
+    if cell is not None and inspect.isfunction(cell.cell_contents):
+        return cell.cell_contents
+    return None
+
+
+def _rotary_signature(original: Callable) -> inspect.Signature:
+    """The parameters ``original`` takes: a kernels function layer's are those of its ``forward`` less ``self``."""
+    if isinstance(original, nn.Module) and hasattr(type(original), "kernel_layer_name"):
+        signature = inspect.signature(type(original).forward)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+    return inspect.signature(original)
 
 
 def _make_hf_rope(original: Callable, adapter: Callable) -> Callable:
     """A function with the original's parameters that calls ``adapter``
     (which takes q, k, cos, sin[, unsqueeze_dim=...]).  Accepted: transformers
     5.x's (q, k, cos, sin, unsqueeze_dim=1), 4.x's (q, k, cos, sin,
-    position_ids=None, unsqueeze_dim=1) and the vision form (q, k, cos, sin)."""
-    params = inspect.signature(original).parameters
+    position_ids=None, unsqueeze_dim=1) and the vision form (q, k, cos, sin),
+    as plain functions or as ``kernels`` function layers (``hub_function``)."""
+    signature = _rotary_signature(original)
+    params = signature.parameters
     names = list(params)
     defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
     if names == ["q", "k", "cos", "sin", "unsqueeze_dim"] and defaults == {"unsqueeze_dim": 1}:
@@ -229,8 +283,9 @@ def _make_hf_rope(original: Callable, adapter: Callable) -> Callable:
             return adapter(q, k, cos, sin)
 
     else:
-        raise _Skip(f"unknown signature {inspect.signature(original)}")
-    functools.update_wrapper(liger_rope, original)
+        raise _Skip(f"unknown signature {signature}")
+    wrapped = hub_function(original) or original
+    functools.update_wrapper(liger_rope, wrapped, updated=() if isinstance(wrapped, nn.Module) else ("__dict__",))
     del liger_rope.__wrapped__  # not a wrapper: inspect/dynamo must not look through it
     liger_rope.__liger_original__ = original
     return liger_rope
@@ -292,7 +347,7 @@ def _swap_rope(module: ModuleType, specs: tuple[tuple[str, str], ...]) -> _RopeS
     for name in dict.fromkeys([*known, *_rope_candidates(module)]):
         original = getattr(module, name, None)
         if not callable(original):
-            refused[name] = "not defined by this transformers version"
+            refused[name] = _NOT_DEFINED
             continue
         if name not in known:
             refused[name] = "no liger convention is registered for it (ROPE_FUNCTIONS)"
@@ -439,6 +494,7 @@ class LigerPatch:
         self.model = model
         self.report = report
         self._module_swaps: list[_ModuleSwap] = []
+        self._fused_blocks: list[nn.Module] = []
         self._rope_modules: list[str] = []
         self._active = True
 
@@ -452,6 +508,8 @@ class LigerPatch:
         if not self._active:
             return
         self._active = False
+        for block in self._fused_blocks:
+            diffusers_blocks.unfuse(block)
         for swap in reversed(self._module_swaps):
             for name, param in swap.replacement.named_parameters(recurse=False):
                 setattr(swap.original, name, param)
@@ -478,6 +536,7 @@ def apply_liger_ops(
     group_norm: bool = True,
     poly_norm: bool = True,
     rope_architectures: Iterable[str] = ROPE_ARCHITECTURES,
+    group_norm_silu: bool = True,
 ) -> LigerPatch:
     """Swap torch.ops.liger into ``model`` (see the module docstring for what and
     how).  Returns a LigerPatch whose ``report`` lists each replacement and each
@@ -496,9 +555,13 @@ def apply_liger_ops(
             _patch_rope(model, rope_architectures, handle)
         if group_norm or poly_norm:
             _patch_modules(model, group_norm, poly_norm, handle)
+        if group_norm_silu:
+            _fuse_resnet_blocks(model, handle)
     except BaseException:
         handle.remove()
         raise
+    for message in report.warnings:
+        warnings.warn(message, LigerPatchWarning, stacklevel=2)
     return handle
 
 
@@ -518,13 +581,61 @@ def _patch_rope(model: nn.Module, architectures: frozenset[str], handle: LigerPa
             swap = _acquire_rope(module_name, ROPE_FUNCTIONS.get(arch, _LLAMA))
         except _Skip as why:
             report.left_alone += [Replacement("rope", f"{module_name}.{name}", str(why)) for name in candidates]
+            report.warnings.append(_unrouted_message(arch, {f"{module_name}.{n}": str(why) for n in candidates}))
             continue
         for name, (_, _, convention) in swap.functions.items():
             detail = f"torch.ops.liger.rope({ROPE_CONVENTIONS[convention].options}), process-wide, "
             report.replaced.append(Replacement("rope", f"{module_name}.{name}", detail + f"{swap.holders} holder(s)"))
         report.left_alone += [Replacement("rope", f"{module_name}.{name}", why) for name, why in swap.refused.items()]
+        unrouted = {f"{module_name}.{n}": why for n, why in swap.refused.items() if why != _NOT_DEFINED}
+        if unrouted:
+            report.warnings.append(_unrouted_message(arch, unrouted))
+        uncalled = [n for n in swap.functions if not _model_refers_to(model, sys.modules[module_name], n)]
+        if uncalled:
+            report.warnings.append(_uncalled_message(arch, module_name, uncalled))
         if swap.functions:
             handle._rope_modules.append(module_name)
+
+
+def _unrouted_message(arch: str, why: dict[str, str]) -> str:
+    reasons = "; ".join(f"{target}: {reason}" for target, reason in why.items())
+    return (
+        f"apply_liger_ops: the rotary of architecture {arch!r} is not (fully) routed through torch.ops.liger.rope, "
+        f"the model runs the original there. Left alone: {reasons}"
+    )
+
+
+def _uncalled_message(arch: str, module_name: str, names: list[str]) -> str:
+    return (
+        f"apply_liger_ops: architecture {arch!r}: swapped {', '.join(names)} in {module_name}, but no code of the "
+        "model's classes from that module refers to it by name, so the model will not run torch.ops.liger.rope there"
+    )
+
+
+def _code_refers_to(code: types.CodeType, name: str) -> bool:
+    return name in code.co_names or any(
+        isinstance(c, types.CodeType) and _code_refers_to(c, name) for c in code.co_consts
+    )
+
+
+def _model_refers_to(model: nn.Module, module: ModuleType, name: str) -> bool:
+    """Whether a function of one of the model's classes (their MROs) that looks up
+    globals in ``module`` names ``name`` (the way an attention ``forward`` calls
+    ``apply_rotary_pos_emb``).  A static check, no forward: a name reached only
+    another way (an attribute, a registry, another module's global) does not count."""
+    namespace = vars(module)
+    classes = {cls for m in model.modules() for cls in type(m).__mro__}
+    for cls in classes:
+        for attr_name, attr in vars(cls).items():
+            if attr_name == "__init__":  # a function bound at construction is not the global called later
+                continue
+            function = getattr(attr, "__func__", attr)  # staticmethod, classmethod
+            if callable(function):
+                function = inspect.unwrap(function)  # decorators made with functools.wraps
+            if inspect.isfunction(function) and function.__globals__ is namespace:
+                if _code_refers_to(function.__code__, name):
+                    return True
+    return False
 
 
 def _patch_modules(model: nn.Module, group_norm: bool, poly_norm: bool, handle: LigerPatch) -> None:
@@ -567,3 +678,24 @@ def _patch_modules(model: nn.Module, group_norm: bool, poly_norm: bool, handle: 
         _set_submodule(model, qualname, new)
         handle._module_swaps.append(_ModuleSwap(qualname, old, new))
         report.replaced.append(what)
+
+
+def _fuse_resnet_blocks(model: nn.Module, handle: LigerPatch) -> None:
+    report = handle.report
+    checked: dict[tuple, str | None] = {}  # kind of block -> why its check failed, or None
+    for qualname, module in model.named_modules():
+        if not diffusers_blocks.is_resnet_block(module) or module in handle._fused_blocks:
+            continue
+        reason = diffusers_blocks.unfusable_reason(module)
+        if reason is None:
+            kind = diffusers_blocks.kind(module)
+            if kind not in checked:
+                checked[kind] = diffusers_blocks.check(module, _close)
+            reason = checked[kind]
+        if reason is not None:
+            report.left_alone.append(Replacement("group_norm_silu", qualname, f"ResnetBlock2D: {reason}"))
+            continue
+        diffusers_blocks.fuse(module)
+        handle._fused_blocks.append(module)
+        pairs = " and ".join(f"{name} -> SiLU" for name in diffusers_blocks.fused_pairs(module))
+        report.replaced.append(Replacement("group_norm_silu", qualname, f"ResnetBlock2D: {pairs} fused"))

@@ -25,6 +25,11 @@ settings.register_profile("gpu", max_examples=10, deadline=None)  # each new blo
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.is_available() else "interpreter"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A rotary the patch cannot route warns (no quiet zero); a test that does not expect it fails.
+    config.addinivalue_line("filterwarnings", "error::liger_nn.patching.LigerPatchWarning")
+
+
 @pytest.fixture
 def dev() -> str:
     """The device the kernels are tested on."""

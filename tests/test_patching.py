@@ -12,7 +12,7 @@ from torch import nn
 
 import liger_nn
 from liger_nn import apply_liger_ops
-from liger_nn.patching import rope_patched_modules
+from liger_nn.patching import hub_function, rope_patched_modules
 from tests.helpers import DEVICE, LigerOpCounter, TorchPolyNorm
 
 
@@ -183,7 +183,7 @@ def test_rope_swap_is_reference_counted_and_restored(hf):
     assert first.report.rope_modules == [modeling.__name__]
     patched = modeling.apply_rotary_pos_emb
     assert patched is not original and patched.__liger_original__ is original
-    assert inspect.signature(patched) == inspect.signature(original)
+    assert inspect.signature(patched) == inspect.signature(hub_function(original) or original)
     with apply_liger_ops(_llama(hf)) as second:
         assert modeling.apply_rotary_pos_emb is patched
         assert rope_patched_modules() == {modeling.__name__: 2}
@@ -233,7 +233,9 @@ def test_rope_left_alone_outside_allow_list_or_when_check_fails(hf, monkeypatch)
 
     for fake, reason in ((cos_only, "differs"), (other_signature, "signature")):
         monkeypatch.setattr(modeling, "apply_rotary_pos_emb", fake)
-        with apply_liger_ops(model) as patch:
+        with pytest.warns(liger_nn.LigerPatchWarning, match=f"'llama'.*{reason}"):
+            patch = apply_liger_ops(model)
+        with patch:
             assert patch.report.rope_modules == []
             assert reason in patch.report.left_alone[0].detail, str(patch.report)
             assert modeling.apply_rotary_pos_emb is fake
@@ -286,6 +288,9 @@ _VISION = dict(depth=1, num_heads=2, patch_size=2, spatial_merge_size=2, tempora
 
 # arch -> (config class name, its kwargs, whether the model takes an image)
 TINY: dict[str, tuple[str, dict, bool]] = {
+    # Llama's rotary under other attention classes (Llama and Qwen2 train in test_e2e_training.py).
+    "mistral": ("MistralConfig", _TEXT, False),
+    "gemma2": ("Gemma2Config", dict(_TEXT, head_dim=16, pad_token_id=0), False),
     "olmo2": ("Olmo2Config", _TEXT, False),
     "phi": ("PhiConfig", dict(_TEXT, partial_rotary_factor=0.5), False),
     "stablelm": ("StableLmConfig", dict(_TEXT, partial_rotary_factor=0.25), False),
@@ -374,7 +379,7 @@ DIFFERS_IN_TRANSFORMERS_4 = {"deepseek_v3": ("apply_rotary_pos_emb_interleave",)
 
 def skip_unless_transformers_5(arch: str) -> None:
     if arch in NEEDS_TRANSFORMERS_5 and _transformers_major() < 5:
-        pytest.skip(f"{arch}'s tiny model and rotary are transformers 5's (tested on 5.17 and 5.24)")
+        pytest.skip(f"{arch}'s tiny model and rotary are transformers 5's (tested on 5.17 and 5.25)")
 
 
 def expected_rope_functions(arch: str) -> list[str]:
@@ -403,6 +408,15 @@ def assert_rope_refusals(arch: str, report) -> None:
     assert all("differs" in r.detail for r in refused), str(report)
 
 
+def refusal_warnings(arch: str):
+    """The LigerPatchWarning naming the architecture where refused_rope_functions is not empty; else nothing."""
+    import contextlib
+
+    if not refused_rope_functions(arch):
+        return contextlib.nullcontext()
+    return pytest.warns(liger_nn.LigerPatchWarning, match=f"'{arch}'.*differs")
+
+
 def runs_what_transformers_4_refuses(name: str) -> bool:
     return name in CALLS_WHAT_DIFFERS_IN_TRANSFORMERS_4 and _transformers_major() < 5
 
@@ -416,7 +430,9 @@ def test_rope_of_each_architecture_runs_the_op(hf, name):
     with torch.no_grad(), LigerOpCounter() as counter:
         want = model(**inputs).logits
     assert not counter.calls, "the reference run used the liger ops"
-    with apply_liger_ops(model) as patch:
+    with refusal_warnings(arch):
+        patch = apply_liger_ops(model)
+    with patch:
         assert patch.report.rope_functions == expected_rope_functions(arch), str(patch.report)
         assert_rope_refusals(arch, patch.report)
         with torch.no_grad(), LigerOpCounter() as counter:
@@ -448,7 +464,9 @@ def test_rope_check_refuses_another_convention(hf, monkeypatch, arch, foreign_ar
     function = ROPE_FUNCTIONS[arch][-1][0]
     monkeypatch.setattr(modeling, function, foreign.apply_rotary_pos_emb)
     model = tiny_arch_model(hf, arch)
-    with apply_liger_ops(model) as patch:
+    with pytest.warns(liger_nn.LigerPatchWarning, match=f"'{arch}'.*{reason}"):
+        patch = apply_liger_ops(model)
+    with patch:
         left = {r.target: r.detail for r in patch.report.left_alone if r.kind == "rope"}
         assert reason in left[f"{modeling.__name__}.{function}"], str(patch.report)
         assert getattr(modeling, function) is foreign.apply_rotary_pos_emb
@@ -456,12 +474,15 @@ def test_rope_check_refuses_another_convention(hf, monkeypatch, arch, foreign_ar
 
 def test_rope_unknown_function_of_an_allowed_module_is_reported(hf, monkeypatch):
     modeling = hf.models.llama.modeling_llama
-    monkeypatch.setattr(modeling, "apply_rotary_pos_emb_extra", modeling.apply_rotary_pos_emb, raising=False)
-    with apply_liger_ops(_llama(hf)) as patch:
+    extra = modeling.apply_rotary_pos_emb
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb_extra", extra, raising=False)
+    with pytest.warns(liger_nn.LigerPatchWarning, match="'llama'.*apply_rotary_pos_emb_extra: no liger convention"):
+        patch = apply_liger_ops(_llama(hf))
+    with patch:
         assert patch.report.rope_functions == [f"{modeling.__name__}.apply_rotary_pos_emb"]
         left = {r.target: r.detail for r in patch.report.left_alone}
         assert "no liger convention" in left[f"{modeling.__name__}.apply_rotary_pos_emb_extra"]
-        assert modeling.apply_rotary_pos_emb_extra.__name__ == "apply_rotary_pos_emb"  # untouched
+        assert modeling.apply_rotary_pos_emb_extra is extra  # untouched
 
 
 # --- training: one architecture per convention ------------------------------
@@ -498,7 +519,9 @@ def test_patched_training_matches_unpatched(hf, name):
     model = tiny_arch_model(hf, name).train()
     want = _train(copy.deepcopy(model), name)
     assert len(set(want.losses)) == TRAIN_STEPS, f"the model did not train: {want.losses}"
-    with apply_liger_ops(model) as patch:
+    with refusal_warnings(name):
+        patch = apply_liger_ops(model)
+    with patch:
         assert patch.report.rope_functions == expected_rope_functions(name), str(patch.report)
         assert_rope_refusals(name, patch.report)
         with LigerOpCounter() as counter:
@@ -540,3 +563,90 @@ def test_op_mrope_matches_transformers_rotary_embedding(hf, arch, interleaved):
                                mrope_interleaved=interleaved)  # fmt: skip
     for g, w in zip(got, want, strict=True):
         assert _rel(g, w) <= 1e-5
+
+
+# --- no quiet zero: what apply_liger_ops cannot route, or routes to no caller, warns ---------
+
+_FAKE_MODELING = """
+import torch
+from torch import nn
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class ByNameAttention(nn.Module):
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+class ByAttributeAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = apply_rotary_pos_emb  # bound now: a later swap of the global is never called
+
+    def forward(self, q, k, cos, sin):
+        return self.rotary(q, k, cos, sin)
+"""
+
+
+@pytest.fixture
+def fake_modeling(monkeypatch):
+    """A modeling module the patcher takes for transformers' (by its name), with
+    Llama's rotary function and two attention classes: one calling it by name,
+    one through an attribute bound at construction."""
+    import sys
+    import types
+
+    name = "transformers.models.fakearch.modeling_fakearch"
+    module = types.ModuleType(name)
+    exec(compile(_FAKE_MODELING, name, "exec"), vars(module))
+    monkeypatch.setitem(sys.modules, name, module)
+    assert rope_patched_modules() == {}
+    yield module
+    assert rope_patched_modules() == {}
+
+
+def test_rope_swap_the_model_calls_does_not_warn(fake_modeling, recwarn):
+    with apply_liger_ops(fake_modeling.ByNameAttention(), rope_architectures=("fakearch",)) as patch:
+        assert patch.report.rope_functions == [f"{fake_modeling.__name__}.apply_rotary_pos_emb"]
+        assert patch.report.warnings == []
+    assert not [w for w in recwarn if issubclass(w.category, liger_nn.LigerPatchWarning)]
+
+
+def test_rope_swap_no_code_of_the_model_calls_warns(fake_modeling):
+    model = fake_modeling.ByAttributeAttention()
+    with pytest.warns(liger_nn.LigerPatchWarning, match="'fakearch'.*no code of the model's classes") as record:
+        patch = apply_liger_ops(model, rope_architectures=("fakearch",))
+    with patch:
+        assert patch.report.rope_functions == [f"{fake_modeling.__name__}.apply_rotary_pos_emb"]
+        assert str(record[0].message) in patch.report.warnings and "warnings 1:" in str(patch.report)
+        gen = torch.Generator().manual_seed(0)
+        q, k, cos, sin = (torch.randn(1, 2, 3, 4, generator=gen) for _ in range(4))
+        with LigerOpCounter() as counter:
+            model(q, k, cos[0], sin[0])
+        assert counter.calls == {}, "the warning is right: the model does not run the op"
+
+
+def test_rope_unknown_signature_warns_and_is_left_alone(fake_modeling, monkeypatch):
+    original = fake_modeling.apply_rotary_pos_emb
+
+    def wrapped(*args, **kwargs):  # what a decorator without functools.wraps leaves
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fake_modeling, "apply_rotary_pos_emb", wrapped)
+    with pytest.warns(liger_nn.LigerPatchWarning, match="'fakearch'.*not \\(fully\\) routed.*unknown signature"):
+        patch = apply_liger_ops(fake_modeling.ByNameAttention(), rope_architectures=("fakearch",))
+    with patch:
+        assert patch.report.rope_functions == []
+        assert fake_modeling.apply_rotary_pos_emb is wrapped
+    # Outside the allow-list nothing is attempted: reported, not warned.
+    with apply_liger_ops(fake_modeling.ByNameAttention(), rope_architectures=()) as patch:
+        assert "allow-list" in patch.report.left_alone[0].detail and patch.report.warnings == []
