@@ -1,12 +1,114 @@
-"""HuggingFace's apply_rotary_pos_emb, backed by torch.ops.liger.rope."""
+"""HuggingFace's apply_rotary_pos_emb, backed by torch.ops.liger.rope, and
+the one decision every transformers adapter shares: rotate q and k in place
+(``rope_``) or into new tensors (``rope``).  docs/patching.md says when the
+in-place path is taken."""
 
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
+
+from registrations import overlap
+from registrations._library import fast_call
+
+# torch.ops.liger.rope, called without the dispatcher's crossing in plain eager calls (registrations/_library.py).
+_ROPE = fast_call(torch.ops.liger.rope)
 
 # unsqueeze_dim values that put heads at dim 1, (B, H, S, D), or at dim 2, (B, S, H, D).
 _HEADS_FIRST = (1, -3)
 _SEQ_FIRST = (2, -2)
+
+# Autograd nodes that make a projection's output and save no tensor sharing
+# its memory (derivatives.yaml: each saves its inputs or sizes, never its
+# result), so rotating that output in place leaves every saved value intact.
+PRODUCERS = frozenset(
+    {
+        "MmBackward0",  # q_proj(x) without bias (through _unsafe_view)
+        "AddmmBackward0",  # q_proj(x) with bias
+        "BmmBackward0",
+        "BaddbmmBackward0",
+        "MulBackward0",  # RMSNorm's weight * x (Qwen3, Gemma's q_norm / k_norm)
+        "AddBackward0",
+        "SubBackward0",
+        "CloneBackward0",
+        "ToCopyBackward0",
+        "CatBackward0",
+    }
+)
+# Nodes whose output shares memory with their input without being a view
+# (matmul's result reshaped by _unsafe_view): the producer is behind them.
+PASS_THROUGH = frozenset({"UnsafeViewBackward0"})
+
+
+def _produced_fresh(t: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether t's memory (that of its base) was last written by a PRODUCERS
+    node (through PASS_THROUGH nodes): t is a non-leaf whose history saved
+    nothing that shares its memory."""
+    if base is not t and torch._C._autograd._get_creation_meta(t) != torch._C._autograd.CreationMeta.DEFAULT:
+        return False
+    node = base.grad_fn
+    while node is not None and type(node).__name__ in PASS_THROUGH:
+        nexts = node.next_functions
+        node = nexts[0][0] if len(nexts) == 1 else None
+    return node is not None and type(node).__name__ in PRODUCERS
+
+
+def rotates_in_place(q: torch.Tensor, k: torch.Tensor | None) -> bool:
+    """Whether ``rope_in_place_or_not`` rotates q and k in place.
+
+    True only where autograd's own records say nothing else holds their
+    pre-rotation values for backward, so the in-place rotation gives the
+    out-of-place path's values and gradients:
+
+    * eager, grad mode on, no torch.func transform, forward-mode AD or
+      dispatch mode active (under torch.compile the compiler decides memory:
+      out of place);
+    * q and k (when given) plain dense tensors that require grad and are
+      not leaves, each a view autograd lets be modified in place (or no view);
+    * each one's memory last written by a projection-like node (PRODUCERS,
+      possibly behind matmul's _unsafe_view), none of which saves its output,
+      and the whole of that memory (q's elements are all of the projection's,
+      not a slice of a fused QKV buffer: there the backward would copy it);
+    * q and k on different memory, neither overlapping itself.
+
+    A consumer that saved q or k before this call is not visible from here;
+    rope_ bumps their version counters, so backward then raises "modified by
+    an inplace operation" rather than returning a wrong gradient.
+    """
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack() > 0:
+        return False
+    tensors = (q,) if k is None else (q, k)
+    for t in tensors:
+        if type(t) is not torch.Tensor or not t.requires_grad or t.grad_fn is None or t.is_inference():
+            return False
+        base = t._base if t._is_view() else t
+        if t.numel() != base.numel() or not _produced_fresh(t, base) or overlap.self_overlapping(t):
+            return False
+    if forward_ad._current_level >= 0 and any(forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        return False
+    if k is not None:
+        q_base = q._base if q._is_view() else q
+        k_base = k._base if k._is_view() else k
+        if q_base is k_base:
+            return False
+        same_memory = q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+        if same_memory and overlap.overlapping(q, k):
+            return False
+    return True
+
+
+def rope_in_place_or_not(
+    q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, **options
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """torch.ops.liger.rope(q, k, cos, sin, **options), computed in place on
+    q and k (``rope_``) where ``rotates_in_place`` says that is safe; then q
+    and k themselves come back, holding the rotation."""
+    if rotates_in_place(q, k):
+        torch.ops.liger.rope_(q, k, cos, sin, **options)
+        return q, k
+    return _ROPE(q, k, cos, sin, **options)
 
 
 def apply_rotary_pos_emb(
@@ -24,12 +126,14 @@ def apply_rotary_pos_emb(
     unsqueeze_dim=1 means q, k are (B, H, S, D); 2 means (B, S, H, D).
     position_ids is unused, as in current transformers (cos and sin are
     already gathered per position).  Gradients flow to q and k only.
+    Where ``rotates_in_place`` allows (a model's fresh projections in
+    training), q and k are rotated in place and returned.
     """
     del position_ids
     if unsqueeze_dim in _HEADS_FIRST:
-        return torch.ops.liger.rope(q, k, cos, sin)
+        return rope_in_place_or_not(q, k, cos, sin)
     if unsqueeze_dim in _SEQ_FIRST:
-        q_out, k_out = torch.ops.liger.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        q_out, k_out = rope_in_place_or_not(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
     raise ValueError(
         f"apply_rotary_pos_emb: unsqueeze_dim must be 1 (B, H, S, D) or 2 (B, S, H, D), got {unsqueeze_dim}"

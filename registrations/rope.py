@@ -40,17 +40,24 @@ rope_backward(dq, dk, cos, sin, *, same options) -> (dq_in, dk_in)
     The transpose of the rotation (the inverse rotation for HF's tables);
     differentiable in dq and dk (its own backward is rope).
 rope_(q, k, cos, sin, *, same options) -> ()
-    rope in place on q and k (inference, KV-cache appends).  It refuses q or
+    rope in place on q and k (inference, KV-cache appends, and a training
+    step's projections through liger_nn.apply_rotary_pos_emb where
+    liger_nn.rope.rotates_in_place allows; q and k may be views, e.g. HF's
+    transposed projections: autograd records the rotation on their
+    bases).  It refuses q or
     k overlapping itself and q and k sharing any element, eagerly and while
     torch.compile traces.  Autograd treats it as torch's in-place ops: the
     version counters are bumped, a leaf that requires grad raises, a saved
     tensor it rotated makes backward raise, and otherwise gradients flow
-    through the rotation (rope_backward) to the values q and k had before.
-    Forward-mode AD and gradients under torch.func transforms raise
+    through the rotation (rope_backward) to the values q and k had before;
+    views autograd forbids modifying in place (outputs of split/unbind,
+    views made under no_grad) raise RuntimeError.  Forward-mode AD and gradients under torch.func transforms raise
     NotImplementedError naming rope_ (use rope).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch.autograd import forward_ad
@@ -308,6 +315,7 @@ ROPE_ = define_op(
     f"rope_(Tensor(a!) q, Tensor(b!)? k, Tensor cos, Tensor sin, {OPTIONS}) -> ()",
     check=_check_rope_,
     fake=_fake_,
+    traceable=False,  # in place: torch.compile functionalizes the opaque op (auto_functionalized)
     entries=Entries(
         cuda=launch.cuda_forward_,
         npu=launch.npu_forward_,
@@ -342,11 +350,12 @@ def _no_table_grad(op: str):
     return setup_context
 
 
-def _transpose_with(op, ctx, dq, dk):
+def _transpose_with(op, ctx, dq, dk, needs=None):
     """(gradient of q, of k, None for every other argument) by ``op`` on the
-    incoming gradients, for the inputs that need one."""
+    incoming gradients, for the inputs that need one (``needs``: (q, k),
+    default the first two of ctx.needs_input_grad)."""
     cos, sin, position_ids, cu_seqlens = ctx.saved_tensors
-    need_q, need_k = ctx.needs_input_grad[:2]
+    need_q, need_k = ctx.needs_input_grad[:2] if needs is None else needs
     dq, dk = (dq if need_q else None), (dk if need_k else None)
     if dq is None and dk is None:
         return (None,) * 9
@@ -376,9 +385,16 @@ register_autograd(ROPE_BACKWARD, _rope_backward_grad, setup_context=_no_table_gr
 #
 # ADInplaceOrView bumps the version counters (as torch.library.custom_op does
 # for ops that mutate), so a saved tensor rotated afterwards fails backward's
-# version check, grad mode or not.  The Autograd kernel records the op as an
-# autograd.Function that marks q and k dirty: a leaf requiring grad raises,
-# and q, k take the rotation into their history (gradient: rope_backward).
+# version check, grad mode or not.  The Autograd kernel records the rotation
+# as an autograd.Function on the *bases* of q and k (a tensor that is no view
+# is its own base), which it marks dirty: a leaf requiring grad raises, the
+# bases take the rotation into their history (gradient: rope_backward on the
+# regions q and k cover), and q, k, as views of their bases, see it through
+# autograd's view replay.  Recording it on q and k themselves would fail for
+# HF's q and k, which are views (transposes of the projections): autograd
+# refuses a Function that modifies a view in place and returns two tensors,
+# and for one it would route the gradient through CopySlices, which copies
+# the whole base twice more.
 
 
 def _bump_versions(keyset, q, k, *args, **kwargs):
@@ -388,19 +404,99 @@ def _bump_versions(keyset, q, k, *args, **kwargs):
     return ROPE_.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, q, k, *args, **kwargs)
 
 
+class _Region(NamedTuple):
+    """Where a rotated tensor lies in its base: which base, its geometry
+    (size, stride, storage offset relative to the base's), and whether it is
+    the whole base (the same elements)."""
+
+    base: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    whole: bool
+
+
+def _base_of(t: torch.Tensor) -> torch.Tensor:
+    return t._base if t._is_view() else t
+
+
+def _check_view_creation(name: str, t: torch.Tensor) -> None:
+    """The views autograd forbids modifying in place (torch's own rule for its in-place ops)."""
+    if not t._is_view():
+        return
+    meta = torch._C._autograd._get_creation_meta(t)
+    if meta != torch._C._autograd.CreationMeta.DEFAULT:
+        raise RuntimeError(
+            f"{_OP}_: {name} is a view autograd does not allow modifying in place ({meta}: the output of a "
+            "function returning several views, or a view made under no_grad or inference mode); use liger.rope"
+        )
+
+
+def _regions(q, k) -> tuple[list[torch.Tensor], list[_Region | None]]:
+    bases: list[torch.Tensor] = []
+    regions: list[_Region | None] = []
+    for t in (q, k):
+        if t is None:
+            regions.append(None)
+            continue
+        base = _base_of(t)
+        index = next((i for i, b in enumerate(bases) if b is base), None)
+        if index is None:
+            index = len(bases)
+            bases.append(base)
+        whole = t.numel() == base.numel() and not overlap.self_overlapping(t)
+        regions.append(_Region(index, tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset(), whole))
+    if regions[0] is not None and regions[1] is not None and regions[0].base == regions[1].base:
+        regions = [r._replace(whole=False) for r in regions]  # one base holding both: neither is all of it
+    return bases, regions
+
+
+def _in_region(t: torch.Tensor, region: _Region) -> torch.Tensor:
+    return t.as_strided(region.size, region.stride, t.storage_offset() + region.offset)
+
+
 class _RopeInPlace(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+    def forward(ctx, args, regions, *bases):
+        q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = args
         with torch._C._AutoDispatchBelowAutograd():
             ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
                   mrope_interleaved=mrope_interleaved)  # fmt: skip
-        ctx.mark_dirty(*(t for t in (q, k) if t is not None))
+        ctx.mark_dirty(*bases)
         _save(ctx, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
-        return q, k
+        ctx.bases = [(b.shape, b.stride()) for b in bases]
+        ctx.regions = regions
+        return bases if len(bases) > 1 else bases[0]
 
     @staticmethod
-    def backward(ctx, dq, dk):
-        return _rope_grad(ctx, dq, dk)
+    def backward(ctx, *dbases):
+        needs = ctx.needs_input_grad[2:]
+        # Incoming gradients in their bases' layouts, so that q's and k's geometry addresses them.
+        owned = [False] * len(dbases)
+        laid_out = []
+        for i, (g, (shape, stride)) in enumerate(zip(dbases, ctx.bases, strict=True)):
+            if g is not None and g.stride() != stride:
+                g = torch.empty_strided(shape, stride, dtype=g.dtype, device=g.device).copy_(g)
+                owned[i] = True
+            laid_out.append(g)
+        dq, dk = (
+            None if r is None or laid_out[r.base] is None or not needs[r.base] else _in_region(laid_out[r.base], r)
+            for r in ctx.regions
+        )
+        grads = list(_transpose_with(ROPE_BACKWARD, ctx, dq, dk, needs=(dq is not None, dk is not None))[:2])
+        out: list[torch.Tensor | None] = [None] * len(dbases)
+        for region, g in zip(ctx.regions, grads, strict=True):
+            if g is None:
+                continue
+            shape, stride = ctx.bases[region.base]
+            if region.whole and g.stride() == region.stride:
+                out[region.base] = g.as_strided(shape, stride, g.storage_offset() - region.offset)
+                continue
+            if out[region.base] is None:  # the parts q and k leave alone pass through
+                base_grad = laid_out[region.base]
+                out[region.base] = base_grad if owned[region.base] else base_grad.clone()
+            _in_region(out[region.base], region).copy_(g)
+        return (None, None, *out)
 
 
 def _rope_inplace_autograd(
@@ -422,7 +518,11 @@ def _rope_inplace_autograd(
                 "use liger.rope (out of place)"
             )
         _refuse_table_grad(_OP + "_", cos, sin)
-        _RopeInPlace.apply(*args)
+        for name, t in (("q", q), ("k", k)):
+            if t is not None:
+                _check_view_creation(name, t)
+        bases, regions = _regions(q, k)
+        _RopeInPlace.apply(args, regions, *bases)
         return None
     with torch._C._AutoDispatchBelowAutograd():
         return ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,

@@ -375,15 +375,51 @@ def test_kernel_args_are_the_kernels_runtime_arguments_in_order():
 
 def test_cuda_plan_is_one_warp_8k_tiles_one_program_per_row():
     """The common path's launch (what the H200 measurements were made with):
-    one single-warp program per row, loop-free, heads in one 8 KiB tile."""
-    q = make_heads(2, 32, 7, 128, torch.bfloat16, "transposed")
-    k = make_heads(2, 8, 7, 128, torch.bfloat16, "transposed")
-    cos, sin = hf_tables(1, 7, 128, torch.bfloat16)
-    p = cuda_plan(q, k, cos, sin, False)
-    assert (p.block_qh, p.block_kh, p.num_warps, p.programs) == (32, 8, 1, 14)
-    assert p.heads_fit(32, 8) and not p.walks_rows(14)
-    assert p.block_qh * plan.block_half(128) * q.element_size() <= plan.TILE_BYTES
+    one single-warp program per row, loop-free, heads in one 8 KiB tile;
+    for contiguous (B, H, S, D) q and k, and for HF's transposed views with
+    20 KiB rows (32/8 heads x 256, the sweep's shapes)."""
+    for dim, layout in ((128, "contiguous"), (256, "transposed")):
+        q = make_heads(2, 32, 7, dim, torch.bfloat16, layout)
+        k = make_heads(2, 8, 7, dim, torch.bfloat16, layout)
+        cos, sin = hf_tables(1, 7, dim, torch.bfloat16)
+        p = cuda_plan(q, k, cos, sin, False)
+        assert (p.block_qh, p.block_kh, p.num_warps, p.programs, p.rows_per_program) == (32, 8, 1, 14, 1), layout
+        assert p.heads_fit(32, 8) and not p.walks_rows(14)
+        assert p.block_qh * plan.block_half(dim) * q.element_size() <= plan.TILE_BYTES
     assert device.num_sms(q.device) >= 1
+
+
+def test_cuda_plan_of_heads_adjacent_small_rows():
+    """HF's transposed views with rows under ADJACENT_ROW_BYTES (head_dim 128
+    and 64): the heads-adjacent plan; the same sizes contiguous keep one warp."""
+    for n_qh, n_kh, dim in ((32, 8, 128), (16, 16, 64), (28, 4, 128)):
+        q = make_heads(2, n_qh, 7, dim, torch.bfloat16, "transposed")
+        k = make_heads(2, n_kh, 7, dim, torch.bfloat16, "transposed")
+        cos, sin = hf_tables(1, 7, dim, torch.bfloat16)
+        assert launch.heads_adjacent(q) and launch.heads_adjacent(k)
+        p = cuda_plan(q, k, cos, sin, False)
+        assert (p.num_warps, p.rows_per_program) == (plan.ADJACENT_WARPS, plan.ADJACENT_ROWS)
+        assert p.programs * p.rows_per_program >= 14 and not p.walks_rows(14)
+        assert cuda_plan(q.contiguous(), k.contiguous(), cos, sin, False).num_warps == 1
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_programs_of_several_rows_cover_every_row(rows):
+    """rows_per_program > 1 with a row count it does not divide (the last
+    program's extra rows masked), forward and backward, NaN-poisoned outputs."""
+    q = make_heads(2, 3, 5, 16, torch.float32, "transposed")
+    k = make_heads(2, 2, 5, 16, torch.float32, "transposed")
+    cos, sin = (make_table(2, 5, 12, torch.float32, "BSR") for _ in range(2))
+    p = plan.Plan(block_qh=4, block_kh=2, programs=-(-10 // rows), num_warps=4, split_pairs=True, rows_per_program=rows)
+    assert not p.walks_rows(10)
+    for backward in (False, True):
+        qo, ko = poison_like(q), poison_like(k)
+        launch.rotate(q, k, qo, ko, cos, sin, p, backward=backward)
+        want = (reference.backward if backward else reference.forward)(
+            q.double(), k.double(), cos.double(), sin.double()
+        )
+        assert_close_to_ref(qo, want[0], torch.float32, "q_out")
+        assert_close_to_ref(ko, want[1], torch.float32, "k_out")
 
 
 def test_gradcheck_and_gradgradcheck_in_float64():

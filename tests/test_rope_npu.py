@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from csrc_free_ops import device
 from csrc_free_ops.rope import launch, plan, reference
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, assert_close_to_ref, poison_like, simulate_ascend
-from tests.privateuse1_backend import run_scenario
+from tests.privateuse1_backend import scenario_output
 from tests.rope_cases import (
     HEAD_LAYOUTS,
     TABLE_LAYOUTS,
@@ -280,7 +280,7 @@ def dispatch_scenario() -> None:
 
 
 def test_privateuse1_dispatch_reaches_npu_launchers():
-    out = json.loads(run_scenario("tests.test_rope_npu", "dispatch_scenario").strip().splitlines()[-1])
+    out = json.loads(scenario_output("tests.test_rope_npu").strip().splitlines()[-1])
     assert out["devices"] == ["npu:0"] * 8 and out["no_k"]
     steps = ("forward", "backward", "forward_", "forward", "backward")
     assert out["calls"] == [f"csrc_free_ops.rope.{room}" for step in steps for room in ("plan.npu", f"launch.{step}")]

@@ -5,9 +5,9 @@ pairs are read).
 A "row" is one (batch, position) pair: its cos and sin are loaded once, then
 every head of q and of k at that position is rotated as [BLOCK_H, BLOCK_HALF]
 tiles of rotation pairs.  GRID_STRIDE: programs walk the rows with a grid
-stride (the NPU: one program per vector core); else one program per row, no
-loop (CUDA).  HEADS_FIT: one tile holds every q head and every k head, so no
-heads loop either.  A tensor that is absent (single-tensor form) has 0 heads.
+stride (the NPU: one program per vector core); else each program takes ROWS
+consecutive rows, unrolled (CUDA; 1: no loop).  HEADS_FIT: one tile holds
+every q head and every k head, so no heads loop either.  A tensor that is absent (single-tensor form) has 0 heads.
 Offsets are int64, so tensors beyond 2^31 elements address correctly; masks
 cover head counts and widths that are not powers of two.
 
@@ -108,7 +108,7 @@ def _load_table(table, row, valid, stride_r, half, BLOCK_HALF: tl.constexpr, TAB
     pairs = tl.arange(0, BLOCK_HALF).to(tl.int64)
     mask = pairs < half
     if POSITIONS != GATHERED:
-        mask = mask & valid
+        mask = mask & ((pairs * 0 + valid) != 0)  # a vector compare: Triton 3.9's interpreter gives a scalar's int32
     if TABLE_PAIRS:
         lo_cols = 2 * pairs
         hi_cols = lo_cols + 1
@@ -301,13 +301,16 @@ def rope_kernel(
     stride_cos_b, stride_cos_s, stride_cos_r, stride_sin_b, stride_sin_s, stride_sin_r,
     stride_position_ids_t, stride_position_ids_b, stride_position_ids_s,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BLOCK_SEQS: tl.constexpr, GRID_STRIDE: tl.constexpr, HEADS_FIT: tl.constexpr, COPY_PASS: tl.constexpr,
-    BACKWARD: tl.constexpr, X_PAIRS: tl.constexpr, Y_PAIRS: tl.constexpr, TABLE_PAIRS: tl.constexpr,
-    SPLIT_PAIRS: tl.constexpr, POSITIONS: tl.constexpr, MROPE: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_SEQS: tl.constexpr, GRID_STRIDE: tl.constexpr, ROWS: tl.constexpr, HEADS_FIT: tl.constexpr,
+    COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr, X_PAIRS: tl.constexpr, Y_PAIRS: tl.constexpr,
+    TABLE_PAIRS: tl.constexpr, SPLIT_PAIRS: tl.constexpr, POSITIONS: tl.constexpr, MROPE: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Write the rotation of q and k (or its transpose, BACKWARD) into q_out
     and k_out, which may be q and k; COPY_PASS also copies dims rot_dim..head_dim.
-    position_ids / cu_seqlens are read only when POSITIONS says so."""
+    position_ids / cu_seqlens are read only when POSITIONS says so.  Without
+    GRID_STRIDE a program rotates ROWS consecutive rows (unrolled): in HF's
+    (B, S, H, D) memory those tokens' heads are one run of memory."""
     if GRID_STRIDE:
         for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
             _rope_row(
@@ -323,6 +326,23 @@ def rope_kernel(
                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BLOCK_SEQS, HEADS_FIT, COPY_PASS, BACKWARD,
                 X_PAIRS, Y_PAIRS, TABLE_PAIRS, SPLIT_PAIRS, POSITIONS, MROPE, COMPUTE,
             )  # fmt: skip
+    elif ROWS > 1:
+        first = tl.program_id(0).to(tl.int64) * ROWS
+        for r in tl.static_range(ROWS):
+            if first + r < n_rows:
+                _rope_row(
+                    first + r, q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens,
+                    seq_len, n_qh, n_kh, half, rot_dim, head_dim, max_pos, n_cu_seqlens,
+                    mrope_section_t, mrope_section_h, mrope_section_w,
+                    stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+                    stride_q_out_b, stride_q_out_h, stride_q_out_s, stride_q_out_d,
+                    stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+                    stride_k_out_b, stride_k_out_h, stride_k_out_s, stride_k_out_d,
+                    stride_cos_b, stride_cos_s, stride_cos_r, stride_sin_b, stride_sin_s, stride_sin_r,
+                    stride_position_ids_t, stride_position_ids_b, stride_position_ids_s,
+                    BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, BLOCK_SEQS, HEADS_FIT, COPY_PASS, BACKWARD,
+                    X_PAIRS, Y_PAIRS, TABLE_PAIRS, SPLIT_PAIRS, POSITIONS, MROPE, COMPUTE,
+                )  # fmt: skip
     else:
         _rope_row(
             tl.program_id(0).to(tl.int64), q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens,

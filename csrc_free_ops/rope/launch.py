@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 from csrc_free_ops import device
-from csrc_free_ops.launcher import Launcher, scalar_specialization
+from csrc_free_ops.launcher import Launcher, placeholder, scalar_specialization, tracing
 from csrc_free_ops.rope import kernels, plan, reference
 from csrc_free_ops.rope.plan import Plan, Problem
 
@@ -190,9 +190,9 @@ def _compute(q: Tensor | None, k: Tensor | None) -> tl.dtype:
 
 @functools.lru_cache(maxsize=512)
 def _launcher(
-    block_qh: int, block_kh: int, num_warps: int | None, block_seqs: int, split_pairs: bool, block_half: int,
-    block_pass: int, grid_stride: bool, heads_fit: bool, copy_pass: bool, backward: bool, x_pairs: bool,
-    y_pairs: bool, table_pairs: bool, positions: int, mrope: int, compute: tl.dtype,
+    block_qh: int, block_kh: int, num_warps: int | None, block_seqs: int, split_pairs: bool, rows: int,
+    block_half: int, block_pass: int, grid_stride: bool, heads_fit: bool, copy_pass: bool, backward: bool,
+    x_pairs: bool, y_pairs: bool, table_pairs: bool, positions: int, mrope: int, compute: tl.dtype,
 ) -> Launcher:  # fmt: skip
     """The kernel with its compile-time arguments: a Plan's choices (not its
     grid: plans that differ only in their grid share one Launcher and its
@@ -200,7 +200,7 @@ def _launcher(
     options = {} if num_warps is None else {"num_warps": num_warps}
     return Launcher(
         kernels.rope_kernel, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
-        BLOCK_SEQS=block_seqs, GRID_STRIDE=grid_stride, HEADS_FIT=heads_fit, COPY_PASS=copy_pass,
+        BLOCK_SEQS=block_seqs, GRID_STRIDE=grid_stride, ROWS=rows, HEADS_FIT=heads_fit, COPY_PASS=copy_pass,
         BACKWARD=backward, X_PAIRS=x_pairs, Y_PAIRS=y_pairs, TABLE_PAIRS=table_pairs, SPLIT_PAIRS=split_pairs,
         POSITIONS=positions, MROPE=mrope, COMPUTE=compute, **options,
     )  # fmt: skip
@@ -227,7 +227,7 @@ def _prepare(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, pairs, mrop
         x_pairs, y_pairs = y_pairs, x_pairs
     positions = _CU_SEQLENS if cu_seqlens is not None else _GATHERED if position_ids is None else _POSITION_IDS
     run = _launcher(
-        p.block_qh, p.block_kh, p.num_warps, p.block_seqs, p.split_pairs, plan.block_half(rot_dim),
+        p.block_qh, p.block_kh, p.num_warps, p.block_seqs, p.split_pairs, p.rows_per_program, plan.block_half(rot_dim),
         plan.block_pass(head_dim, rot_dim), p.walks_rows(n_rows), p.heads_fit(n_qh, n_kh),
         not in_place and rot_dim < head_dim, backward, x_pairs, y_pairs, x_pairs if backward else y_pairs, positions,
         _MROPE[None if mrope_section is None else bool(mrope_interleaved)], _compute(q, k),
@@ -268,6 +268,9 @@ def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tens
                                              mrope_section, mrope_interleaved, p, backward, in_place)  # fmt: skip
     if prepared.run is not None:
         tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
+        if tracing():  # a traced launch takes a distinct tensor in every parameter
+            given = (q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
+            tensors = tuple(t if g is not None else placeholder(t) for t, g in zip(tensors, given, strict=True))
         prepared.run.launch(p.programs, tensors, prepared.scalars, prepared.scalar_key)
 
 
@@ -307,6 +310,15 @@ def forward_(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Pl
 # --- The entries of the dispatch keys: the op's arguments in schema order, with its defaults
 
 
+def heads_adjacent(x: Tensor | None) -> bool:
+    """Whether each token's heads of x ((B, H, S, D) or (T, H, D)) are one run of
+    memory, as in HF's (B, S, H, D) projections viewed (B, H, S, D); True for None."""
+    if x is None:
+        return True
+    stride = x.stride()
+    return (stride[-1] == 1 or x.shape[-1] == 1) and (stride[1] == x.shape[-1] or x.shape[1] == 1)
+
+
 def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_pass: bool, *,
             cu_seqlens: Tensor | None = None, mrope_section: list[int] | None = None,
             pairs: str = "halves") -> Problem:  # fmt: skip
@@ -319,6 +331,7 @@ def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_p
         4 if q is None else q.element_size(), 4 if k is None else k.element_size(),
         max(cos.element_size(), sin.element_size()), compute, copy_pass,
         0 if cu_seqlens is None else cu_seqlens.shape[0], mrope_section is not None, pairs != "halves",
+        heads_adjacent(q) and heads_adjacent(k),
     )  # fmt: skip
 
 
@@ -333,7 +346,7 @@ def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Pl
     """plan.cuda of this call's Problem, kept by what the Problem is made of."""
     key = (None if q is None else (q.shape, q.dtype), None if k is None else (k.shape, k.dtype), cos.shape[-1],
            cos.dtype, sin.dtype, copy_pass, None if cu_seqlens is None else cu_seqlens.shape[0],
-           mrope_section is None)  # fmt: skip
+           mrope_section is None, heads_adjacent(q) and heads_adjacent(k))  # fmt: skip
     found = _CUDA_PLANS.get(key)
     if found is None:
         if len(_CUDA_PLANS) >= MAX_LAYOUTS:

@@ -13,10 +13,21 @@ warp, with head blocks sized so a tile holds at most TILE_BYTES of input per
 half.  One warp won on an H200 at every shape swept (bf16, 32/8 heads x 256,
 B*T 1k..64k rows; 8 KiB tiles 1-2% ahead of 4 KiB at 16k+ rows, within 1%
 below; 2 warps 1-8% and 4-8 warps up to 20% slower):
-bench/results/h200-2026-12-02-session5/rope_tile_sweep.txt.  Interleaved
+bench/results/2026-12-02-343882b/rope_tile_sweep.txt.  Interleaved
 pairs are loaded as one contiguous tile and split in registers (vectorized
 loads).  The tokens' sequence starts are found among up to MAX_SEQS_BLOCK
 cu_seqlens entries per step.
+
+CUDA, heads adjacent (HF's q and k: (B, S, H, D) memory viewed (B, H, S, D),
+a token's heads one run of memory) with rows of under ADJACENT_ROW_BYTES of
+q and k input: ADJACENT_WARPS warps a program, ADJACENT_ROWS rows.  The
+sweep above was at 32/8 heads x 256 (20 KiB rows); at 128 and 64 (10 and 4
+KiB rows) one warp a row left ours 5-11% behind upstream's kernel (4 warps
+a row) in GPU time.  A warp holding a quarter of the bytes keeps a quarter
+of the registers, so four times the warps are resident and more loads are
+in flight.  Not yet measured on the H200: `python -m bench.probe_rope_layout`
+sweeps warps x rows on the model-layout shapes.  Contiguous (B, H, S, D) q
+and k (a head's rows far apart) keep the plan above.
 
 NPU (triton-ascend): one program per vector core (1-D grid of at most
 min(vector cores, rows, 65535)) walking the rows with a grid stride, tiles
@@ -64,6 +75,10 @@ TILE_BYTES = 8 * 1024
 VECTOR_BYTES = 16
 VECTORS_PER_THREAD = 2
 MAX_WARPS = 1
+# Heads-adjacent layouts with small rows (see the docstring).
+ADJACENT_ROW_BYTES = 16 * 1024
+ADJACENT_WARPS = 4
+ADJACENT_ROWS = 1
 # cu_seqlens entries one step of the sequence-start search loads (32 a lane in one warp).
 MAX_SEQS_BLOCK = 1024
 
@@ -88,6 +103,7 @@ class Problem(NamedTuple):
     n_cu_seqlens: int = 0  # entries of cu_seqlens (0: not given)
     mrope: bool = False
     interleaved: bool = False  # pairs other than "halves": stride-2 loads or stores on the NPU
+    heads_adjacent: bool = False  # each token's heads one run of memory (HF's layout): q's and k's
 
     @property
     def block_half(self) -> int:
@@ -120,10 +136,11 @@ class Plan:
     num_warps: int | None = None  # None: no launch option (the NPU)
     block_seqs: int = 1  # cu_seqlens entries per step of the sequence-start search
     split_pairs: bool = False  # interleaved pairs: one tile split in registers, else stride-2 loads
+    rows_per_program: int = 1  # consecutive rows a program takes, without a grid stride
 
     def walks_rows(self, n_rows: int) -> bool:
-        """Whether programs loop over rows (fewer programs than rows)."""
-        return self.programs < n_rows
+        """Whether programs loop over rows with a grid stride (fewer rows taken than there are)."""
+        return self.programs * self.rows_per_program < n_rows
 
     def heads_fit(self, n_qh: int, n_kh: int) -> bool:
         """Whether one tile holds every q head and one every k head (no heads loop)."""
@@ -149,6 +166,11 @@ def cuda_warps(block_h: int, width: int, itemsize: int) -> int:
     return max(1, min(MAX_WARPS, next_pow2(max(1, threads // 32))))
 
 
+def row_bytes(p: Problem) -> int:
+    """q and k input bytes of one (batch, position) row."""
+    return p.head_dim * (p.n_qh * p.q_itemsize + p.n_kh * p.k_itemsize)
+
+
 @functools.lru_cache(maxsize=1024)
 def cuda(p: Problem) -> Plan:
     half_w, pass_w = p.block_half, p.block_pass
@@ -156,7 +178,11 @@ def cuda(p: Problem) -> Plan:
     block_qh = cuda_head_block(p.n_qh, width, p.q_itemsize)
     block_kh = cuda_head_block(p.n_kh, width, p.k_itemsize)
     warps = max(cuda_warps(block_qh, width, p.q_itemsize), cuda_warps(block_kh, width, p.k_itemsize))
-    return Plan(block_qh, block_kh, max(1, p.n_rows), warps, _seqs_block(p.n_cu_seqlens, MAX_SEQS_BLOCK), True)
+    rows = 1
+    if p.heads_adjacent and row_bytes(p) < ADJACENT_ROW_BYTES:
+        warps, rows = ADJACENT_WARPS, ADJACENT_ROWS
+    programs = max(1, -(-p.n_rows // rows))
+    return Plan(block_qh, block_kh, programs, warps, _seqs_block(p.n_cu_seqlens, MAX_SEQS_BLOCK), True, rows)
 
 
 def npu_cos_sin_bytes(block_half: int, table_itemsize: int, compute_itemsize: int) -> int:
