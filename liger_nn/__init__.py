@@ -9,13 +9,14 @@ from liger_nn.hf_rotary import (
     apply_rotary_pos_emb_interleaved,
     apply_rotary_pos_emb_vision,
 )
-from liger_nn.patching import LigerPatch, PatchReport, Replacement, apply_liger_ops
+from liger_nn.patching import LigerPatch, LigerPatchWarning, PatchReport, Replacement, apply_liger_ops
 from liger_nn.poly_norm import PolyNorm
 from liger_nn.rope import apply_rotary_pos_emb
 
 __all__ = [
     "GroupNorm",
     "LigerPatch",
+    "LigerPatchWarning",
     "PatchReport",
     "PolyNorm",
     "Replacement",

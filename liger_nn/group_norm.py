@@ -5,13 +5,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from csrc_free_ops.group_norm.reference import ACTIVATIONS
+from registrations._library import fast_call
+
+# torch.ops.liger.group_norm, called without the dispatcher's crossing in plain eager calls (registrations/_library.py).
+_GROUP_NORM = fast_call(torch.ops.liger.group_norm)
+
 
 class GroupNorm(nn.Module):
     """torch.nn.GroupNorm's signature (with its keyword-only ``bias``),
     parameters (``weight`` ones, ``bias`` zeros, both (num_channels,)) and state_dict keys, so its checkpoints load
-    unchanged.  Parameters may stay float32 under half-precision activations."""
+    unchanged.  Parameters may stay float32 under half-precision activations.  ``activation="silu"`` (keyword-only)
+    returns silu(group_norm(x)) from one fused op, forward and backward."""
 
-    __constants__ = ["num_groups", "num_channels", "eps", "affine"]
+    __constants__ = ["num_groups", "num_channels", "eps", "affine", "activation"]
 
     def __init__(
         self,
@@ -23,10 +30,14 @@ class GroupNorm(nn.Module):
         dtype: torch.dtype | None = None,
         *,
         bias: bool = True,
+        activation: str = "none",
     ) -> None:
         super().__init__()
         if num_groups <= 0 or num_channels % num_groups != 0:
             raise ValueError(f"num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.activation = activation
         self.num_groups = num_groups
         self.num_channels = num_channels
         self.eps = eps
@@ -49,7 +60,11 @@ class GroupNorm(nn.Module):
                 nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.liger.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        if self.activation == "none":
+            return _GROUP_NORM(x, self.num_groups, self.weight, self.bias, self.eps)
+        return _GROUP_NORM(x, self.num_groups, self.weight, self.bias, self.eps, activation=self.activation)
 
-    # The installed torch's own format, so reprs match across torch versions.
-    extra_repr = nn.GroupNorm.extra_repr
+    def extra_repr(self) -> str:
+        # The installed torch's own format, so reprs match across torch versions.
+        base = nn.GroupNorm.extra_repr(self)
+        return base if self.activation == "none" else f"{base}, activation={self.activation!r}"

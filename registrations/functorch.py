@@ -85,12 +85,18 @@ def _poly_norm_vmap(info, in_dims, x, weight, bias, eps):
     return POLY_NORM(x.movedim(in_dims[0], 0), weight, bias, eps), 0
 
 
-def _group_norm_vmap(info, in_dims, x, num_groups, weight, bias, eps):
+def _group_norm_vmap(info, in_dims, x, num_groups, weight, bias, eps, activation):
     if not _batched_data_only(0)(in_dims):
-        return _per_sample(GROUP_NORM)(info, in_dims, x, num_groups, weight, bias, eps)
+        return _per_sample(GROUP_NORM, {"activation": activation})(info, in_dims, x, num_groups, weight, bias, eps)
     xb = x.movedim(in_dims[0], 0)
-    y = GROUP_NORM(xb.reshape(-1, *xb.shape[2:]), num_groups, weight, bias, eps)
+    y = GROUP_NORM(xb.reshape(-1, *xb.shape[2:]), num_groups, weight, bias, eps, activation=activation)
     return y.reshape(xb.shape), 0
+
+
+def _group_norm_backward_vmap(info, in_dims, grad_out, x, num_groups, weight, bias, eps, activation):
+    return _per_sample(GROUP_NORM_BACKWARD, {"activation": activation})(
+        info, in_dims, grad_out, x, num_groups, weight, bias, eps
+    )
 
 
 ROPE_POSITIONAL = 6  # q, k, cos, sin, position_ids, cu_seqlens; then pairs, mrope_section, mrope_interleaved
@@ -151,7 +157,7 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     ROPE_BACKWARD: _rope_vmap(ROPE_BACKWARD),
     ROPE_: _rope_inplace_vmap,
     GROUP_NORM: _group_norm_vmap,
-    GROUP_NORM_BACKWARD: _per_sample(GROUP_NORM_BACKWARD),
+    GROUP_NORM_BACKWARD: _group_norm_backward_vmap,
 }
 
 # ---------------------------------------------------------------------------

@@ -56,20 +56,24 @@ def make_params(channels, affine, dtype, bias_dtype=None):
     return weight, bias
 
 
-def reference_grads(x, num_groups, weight, bias, dy, eps):
+def reference_grads(x, num_groups, weight, bias, dy, eps, activation="none"):
     """(y, {name: grad}) in float64 by autograd through the reference forward."""
     named = {"x": x, "weight": weight, "bias": bias}
     leaves = {k: v.detach().double().requires_grad_() for k, v in named.items() if v is not None}
-    y = reference.forward(leaves["x"], num_groups, leaves.get("weight"), leaves.get("bias"), eps)
+    y = reference.forward(leaves["x"], num_groups, leaves.get("weight"), leaves.get("bias"), eps, activation)
     grads = torch.autograd.grad(y, list(leaves.values()), dy.double())
     return y.detach(), dict(zip(leaves, grads, strict=True))
 
 
-def param_grad_term_scales(x, num_groups, dy, eps):
+def param_grad_term_scales(x, num_groups, dy, eps, weight=None, bias=None, activation="none"):
     """Per channel, the summed magnitudes of the terms the kernels add into
-    dweight (dy * xhat) and dbias (dy), in float64."""
+    dweight (dy * xhat) and dbias (dy), in float64 (dy taken through the
+    activation first)."""
     xhat, _ = reference._normalized(x.detach().double(), num_groups, eps)
     dy64 = dy.double()
+    if activation != "none":
+        z = reference._affine(xhat, x, weight, bias, torch.float64)
+        dy64 = dy64 * torch.sigmoid(z) * (1 + z * (1 - torch.sigmoid(z)))
     per_channel = tuple(d for d in range(x.dim()) if d != 1)
     return {
         "weight": (dy64 * xhat.reshape(x.shape)).abs().sum(per_channel),
@@ -77,16 +81,16 @@ def param_grad_term_scales(x, num_groups, dy, eps):
     }
 
 
-def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps):
+def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps, activation="none"):
     """y and dx against the float64 reference relative to their values, in
     x's dtype's tolerance; dweight and dbias, sums over N x spatial that can
     cancel far below their terms, by the error model of a sum in the compute
     dtype rounded to the parameter's dtype (tests.helpers.assert_close_to_scale)."""
-    y_ref, grads_ref = reference_grads(x, num_groups, weight, bias, dy, eps)
+    y_ref, grads_ref = reference_grads(x, num_groups, weight, bias, dy, eps, activation)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert_close_to_ref(y, y_ref, x.dtype, "y")
     assert set(grads) == set(grads_ref)
-    scales = param_grad_term_scales(x, num_groups, dy, eps)
+    scales = param_grad_term_scales(x, num_groups, dy, eps, weight, bias, activation)
     for name, grad in grads.items():
         param = {"x": x, "weight": weight, "bias": bias}[name]
         assert grad.dtype == param.dtype, f"d{name} dtype {grad.dtype} != {param.dtype}"
@@ -96,10 +100,10 @@ def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps):
             assert_close_to_scale(grad, grads_ref[name], scales[name], param.dtype, f"d{name}", compute_dtype(x.dtype))
 
 
-def problem(x, num_groups, weight, bias, backward):
+def problem(x, num_groups, weight, bias, backward, activation="none"):
     n, c = x.shape[:2]
     return Problem(n, c, x.numel() // (n * c), num_groups, x.element_size(), weight is not None, bias is not None,
-                   backward)  # fmt: skip
+                   backward, activation)  # fmt: skip
 
 
 def small_plan(pb: Problem, path: str, tile: int = 16, target_items: int = 64, programs: int = 3,
@@ -117,11 +121,12 @@ def small_plan(pb: Problem, path: str, tile: int = 16, target_items: int = 64, p
     return plan.one_pass(pb, next_pow2(pb.cpg), next_pow2(pb.hw), programs, None, prefetch, 4, reduce=SMALL_REDUCE)
 
 
-def run_plans(x, num_groups, weight, bias, dy, eps, make):
+def run_plans(x, num_groups, weight, bias, dy, eps, make, activation="none"):
     """launch.forward / backward with the plans make(problem) gives."""
-    y = launch.forward(x, num_groups, weight, bias, eps, make(problem(x, num_groups, weight, bias, False)))
-    grads = launch.backward(dy, x, num_groups, weight, bias, eps, make(problem(x, num_groups, weight, bias, True)))
-    return y, grads
+    fwd = make(problem(x, num_groups, weight, bias, False, activation))
+    bwd = make(problem(x, num_groups, weight, bias, True, activation))
+    return launch.forward(x, num_groups, weight, bias, eps, fwd), launch.backward(dy, x, num_groups, weight, bias, eps,
+                                                                                   bwd)  # fmt: skip
 
 
 def named_grads(dx, dweight, dbias):

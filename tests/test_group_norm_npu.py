@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import launch, plan
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, simulate_ascend
-from tests.privateuse1_backend import run_scenario
+from tests.privateuse1_backend import scenario_output
 from tests.test_group_norm import (
     AFFINE,
     check_against_reference,
@@ -251,7 +251,7 @@ def dispatch_scenario() -> None:
 
 
 def test_privateuse1_dispatch_reaches_npu_launchers():
-    out = json.loads(run_scenario("tests.test_group_norm_npu", "dispatch_scenario").strip().splitlines()[-1])
+    out = json.loads(scenario_output("tests.test_group_norm_npu").strip().splitlines()[-1])
     assert out["device"] == "npu:0"
     assert out["grad_devices"] == ["npu:0"] * 3
     assert out["calls"] == [

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from csrc_free_ops import device
 from csrc_free_ops.poly_norm import launch, plan
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, assert_close_to_ref, simulate_ascend
-from tests.privateuse1_backend import run_scenario
+from tests.privateuse1_backend import scenario_output
 from tests.test_poly_norm import assert_grads_close, reference_grads
 
 # (profile, UB override): real chips, and a UB so small that rows of a few
@@ -134,7 +134,7 @@ def dispatch_scenario() -> None:
 
 
 def test_privateuse1_dispatch_reaches_npu_launchers():
-    out = json.loads(run_scenario("tests.test_poly_norm_npu", "dispatch_scenario").strip().splitlines()[-1])
+    out = json.loads(scenario_output("tests.test_poly_norm_npu").strip().splitlines()[-1])
     assert out["device"] == "npu:0"
     assert out["grad_devices"] == ["npu:0"] * 3
     assert out["calls"] == [

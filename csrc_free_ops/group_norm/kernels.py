@@ -11,9 +11,11 @@ The arguments are one contract per direction, the same for every kernel of
 it, so the launch sequence hands each step of a plan the same tuple:
 
     forward:  (x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps)
-    backward: (grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps)
+    backward: (grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps)
 
-A kernel ignores what it does not need.  ``workspace`` holds rows of one
+A kernel ignores what it does not need.  ``bias`` reaches the backward
+kernels for the activation's derivative, which needs the normalized and
+affine value z = xhat * w + b.  ``workspace`` holds rows of one
 value per segment (sample, spatial segment of ``chunk`` positions, channel),
 laid out (N, splits, C), then rows of one value per (sample, group); which
 row holds what is the plan's ``Layout`` (plan.py), passed in as the
@@ -45,6 +47,15 @@ Every backward path writes per-(sample, segment, channel) dweight / dbias
 terms (DWEIGHT_ROW, DBIAS_ROW) that ``reduce_param_grads_kernel`` sums in a
 fixed order: no atomics on data, so two runs give bitwise-equal results.
 
+ACTIVATION (a constexpr, "none" or "silu") is applied to z before the
+store forward; backward, dy is first taken through it, dz = dy * act'(z),
+with z recomputed from x and the group's statistics (nothing is saved), and
+everything above runs on dz in dy's place (dbias = sum(dz), ...).  The
+statistics come first, so a backward with an activation walks x once more
+than one without: looped walks it for the statistics, split runs its
+partials twice (statistics, then the sums of dz), one-pass waits at the
+team's barrier twice.
+
 Math runs in COMPUTE (float32, float64 for float64 x), and so does the
 workspace; every load is converted to it, so weight and bias may have any
 float dtype.  Stores narrow through ``_narrow``.
@@ -65,6 +76,23 @@ def _narrow(v, dtype: tl.constexpr):
     if dtype != tl.float64:
         v = v.to(tl.float32)
     return v.to(dtype)
+
+
+@triton.jit
+def _activate(z, ACTIVATION: tl.constexpr):
+    """The activation of z."""
+    if ACTIVATION == "silu":
+        z = z / (1.0 + tl.exp(-z))
+    return z
+
+
+@triton.jit
+def _activation_grad(dy, z, ACTIVATION: tl.constexpr):
+    """dy taken back through the activation at z."""
+    if ACTIVATION == "silu":
+        s = 1.0 / (1.0 + tl.exp(-z))
+        dy = dy * (s * (1.0 + z * (1.0 - s)))
+    return dy
 
 
 @triton.jit
@@ -156,9 +184,18 @@ def _merge_group(workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, 
 
 
 @triton.jit
+def _rsqrt_eps(v, eps):
+    """1 / sqrt(v + eps) in v's dtype: Inductor, launching these kernels from a
+    compiled graph, passes eps (a Python float) as fp64, which would promote
+    everything computed from it.  The sum is rounded, not eps: a float64 v
+    keeps all of eps."""
+    return tl.math.rsqrt((v + eps).to(v.dtype))
+
+
+@triton.jit
 def _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps):
     """(rstd, mean(g), mean(g * xhat)) of a group from its merged sums."""
-    rstd = tl.math.rsqrt(m2 / size + eps)
+    rstd = _rsqrt_eps(m2 / size, eps)
     return rstd, sum_g / size, rstd * sum_gd / size
 
 
@@ -185,23 +222,26 @@ def _whole_group(x, row, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
 @triton.jit
 def fwd_whole_kernel(
     x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):  # fmt: skip
     cpg = C // num_groups
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
         offs, mask, ch, c_mask, d, var = _whole_group(x, row, cpg, HW, BLOCK_C, BLOCK_HW, COMPUTE)
         cs = (row % num_groups) * cpg + ch
-        scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * tl.math.rsqrt(var + eps)
+        scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * _rsqrt_eps(var, eps)
         shift = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
-        tl.store(y + offs, _narrow(d * scale[:, None] + shift[:, None], y.dtype.element_ty), mask=mask)
+        out = _activate(d * scale[:, None] + shift[:, None], ACTIVATION)
+        tl.store(y + offs, _narrow(out, y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def bwd_whole_kernel(
-    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    HAS_W: tl.constexpr, PARAM_GRADS: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, PARAM_GRADS: tl.constexpr,
+    DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """dx, and with PARAM_GRADS each (sample, channel)'s sum(dy * xhat) and
     sum(dy) (the plan's segments are whole channels: chunk = HW)."""
@@ -211,10 +251,15 @@ def bwd_whole_kernel(
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
         offs, mask, ch, c_mask, d, var = _whole_group(x, row, cpg, HW, BLOCK_C, BLOCK_HW, COMPUTE)
-        rstd = tl.math.rsqrt(var + eps)
+        rstd = _rsqrt_eps(var, eps)
         dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
         xhat = d * rstd
-        g = dy * _channel_param(weight, (row % num_groups) * cpg + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)[:, None]
+        cs = (row % num_groups) * cpg + ch
+        w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+        if ACTIVATION != "none":
+            z = xhat * w[:, None] + _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)[:, None]
+            dy = _activation_grad(dy, z, ACTIVATION)
+        g = dy * w[:, None]
         mg = tl.sum(tl.sum(g, 1), 0) / size
         mgx = tl.sum(tl.sum(g * xhat, 1), 0) / size
         tl.store(dx + offs, _narrow(rstd * (g - mg - xhat * mgx), dx.dtype.element_ty), mask=mask)
@@ -281,6 +326,8 @@ def _team_tile(t, row, valid, cpg, HW, cb, s, EVEN: tl.constexpr, BLOCK_C: tl.co
                COMPUTE: tl.constexpr):  # fmt: skip
     """This member's tile of t at row (zeros unless valid: past the last row).
     EVEN: tiles never leave their group, so only ``valid`` masks."""
+    # Tile-shaped: Triton 3.9's interpreter gives a scalar comparison int32 data, which tl.load refuses as a mask.
+    valid = (tl.zeros([BLOCK_C, BLOCK_HW], tl.int32) + valid) != 0
     c0 = cb * BLOCK_C
     s0 = s * BLOCK_HW
     ptrs = t + (row * cpg + c0) * HW + s0 + _tile_offsets(HW, BLOCK_C, BLOCK_HW, EVEN)
@@ -323,8 +370,8 @@ def _member_channels(row, num_groups, cpg, C, splits, cb, s, BLOCK_C: tl.constex
 @triton.jit
 def fwd_one_pass_kernel(
     x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr, EVEN: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, MEAN_ROW: tl.constexpr,
+    M2_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr, EVEN: tl.constexpr,
     PREFETCH: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """y with x read once: each member keeps its tile in registers across the
@@ -352,24 +399,27 @@ def fwd_one_pass_kernel(
             workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
             MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, False, BLOCK_P, COMPUTE,
         )  # fmt: skip
-        scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * tl.math.rsqrt(m2 / size + eps)
+        scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * _rsqrt_eps(m2 / size, eps)
         shift = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE) - mean * scale
-        _store_team_tile(y, xv * scale[:, None] + shift[:, None], row, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW)
+        out = _activate(xv * scale[:, None] + shift[:, None], ACTIVATION)
+        _store_team_tile(y, out, row, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW)
         if PREFETCH:
             xv = x_next
 
 
 @triton.jit
 def bwd_one_pass_kernel(
-    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    HAS_W: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr,
-    SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, MEAN_ROW: tl.constexpr,
+    M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr, EVEN: tl.constexpr,
     PREFETCH: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """dx with x and dy read once (as fwd_one_pass_kernel); with HAS_W each
     member also writes its channels' dweight term (DWEIGHT_ROW); the sum(dy)
-    of its partials (SUM_DY_ROW) is the dbias term."""
+    of its partials (SUM_DY_ROW) is the dbias term.  With an ACTIVATION the
+    team meets twice per row: the statistics first, then (dy turned into dz
+    with them) the sums of dz; the row's one counter counts both arrivals."""
     member = _team_member(N, C, HW, num_groups, chunk, BLOCK_C)
     team, cb, s, team_size, teams, cpg, splits, n_rows, n_segments = member
     cnt = _segment_count(s, HW, chunk).to(COMPUTE)
@@ -382,24 +432,40 @@ def bwd_one_pass_kernel(
             xv = _team_tile(x, row, True, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
             dy = _team_tile(grad_out, row, True, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
         mean_c, m2_c, d = _channel_moments(xv, cpg, HW, cb, s, cnt, EVEN, BLOCK_C, BLOCK_HW)
-        sum_dy_c = tl.sum(dy, 1)
-        sum_dy_d_c = tl.sum(dy * d, 1)
+        if ACTIVATION == "none":
+            sum_dy_c = tl.sum(dy, 1)
+            sum_dy_d_c = tl.sum(dy * d, 1)
         ch, c_mask, seg, cs = _member_channels(row, num_groups, cpg, C, splits, cb, s, BLOCK_C)
         tl.store(workspace + MEAN_ROW * n_segments + seg, mean_c, mask=c_mask)
         tl.store(workspace + M2_ROW * n_segments + seg, m2_c, mask=c_mask)
-        tl.store(workspace + SUM_DY_ROW * n_segments + seg, sum_dy_c, mask=c_mask)
-        tl.store(workspace + SUM_DY_D_ROW * n_segments + seg, sum_dy_d_c, mask=c_mask)
+        if ACTIVATION == "none":
+            tl.store(workspace + SUM_DY_ROW * n_segments + seg, sum_dy_c, mask=c_mask)
+            tl.store(workspace + SUM_DY_D_ROW * n_segments + seg, sum_dy_d_c, mask=c_mask)
         if PREFETCH:
             valid = row + teams < n_rows
             x_next = _team_tile(x, row + teams, valid, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
             dy_next = _team_tile(grad_out, row + teams, valid, cpg, HW, cb, s, EVEN, BLOCK_C, BLOCK_HW, COMPUTE)
         _team_barrier(counters + row, team_size)
+        if ACTIVATION != "none":
+            mean, m2, _, _ = _merge_group(
+                workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
+                MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, False, BLOCK_P, COMPUTE,
+            )  # fmt: skip
+            w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+            b = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
+            z = (xv - mean) * (_rsqrt_eps(m2 / size, eps) * w)[:, None] + b[:, None]
+            dy = _activation_grad(dy, z, ACTIVATION)  # 0 outside the group, where dy is
+            sum_dy_c = tl.sum(dy, 1)
+            sum_dy_d_c = tl.sum(dy * d, 1)
+            tl.store(workspace + SUM_DY_ROW * n_segments + seg, sum_dy_c, mask=c_mask)
+            tl.store(workspace + SUM_DY_D_ROW * n_segments + seg, sum_dy_d_c, mask=c_mask)
+            _team_barrier(counters + row, 2 * team_size)
         mean, m2, sum_g, sum_gd = _merge_group(
             workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
             MEAN_ROW, M2_ROW, SUM_DY_ROW, SUM_DY_D_ROW, True, HAS_W, BLOCK_P, COMPUTE,
         )  # fmt: skip
         rstd, mg, mgx = _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps)
-        w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+        w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)  # loaded late: fewer live registers
         # dx = rstd * (dy * w - mg - (x - mean) * rstd * mgx), as a * dy + b * x + c per channel.
         a = rstd * w
         b = -rstd * rstd * mgx
@@ -460,29 +526,59 @@ def _looped_sums(x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
 
 
 @triton.jit
-def _looped_stats(x, grad_out, weight, row, num_groups, cpg, HW, h_steps, steps, eps,
-                  HAS_DY: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-                  LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+def _looped_dz_sums(x, grad_out, weight, bias, base, first, mean, rstd, cpg, HW, h_steps, steps,
+                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr,
+                    BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+    """One walk over the group at base, its statistics known: with dz = dy
+    taken through the activation at z = xhat * w + b and g = dz * w, returns
+    sum(g) and sum(g * (x - mean))."""
+    acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    acc_gd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
+    for step in tl.range(0, steps, num_stages=LOOP_STAGES):
+        offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+        d = tl.where(mask, tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE) - mean, 0.0)
+        w = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)[:, None]
+        b = _channel_param(bias, first + ch, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)[:, None]
+        dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
+        g = _activation_grad(dy, d * rstd * w + b, ACTIVATION) * w
+        acc_g += g
+        acc_gd += g * d
+    return tl.sum(tl.sum(acc_g, 1), 0), tl.sum(tl.sum(acc_gd, 1), 0)
+
+
+@triton.jit
+def _looped_stats(x, grad_out, weight, bias, row, num_groups, cpg, HW, h_steps, steps, eps,
+                  HAS_DY: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr,
+                  BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr,
+                  COMPUTE: tl.constexpr):  # fmt: skip
     """One walk over the (sample, group) row (int64): its first element's
     offset, its first channel, mean and rstd, and with HAS_DY mean(g) and
-    mean(g * xhat)."""
+    mean(g * xhat) (with an ACTIVATION, g from dz, in a second walk)."""
     base = row * cpg * HW
     first = (row % num_groups) * cpg
     size = _group_size(cpg, HW, COMPUTE)
+    one_walk = HAS_DY and ACTIVATION == "none"
     k, s1, s2, sg, sgd = _looped_sums(
         x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
-        HAS_DY, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, X_EVICT, COMPUTE,
+        one_walk, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, X_EVICT, COMPUTE,
     )  # fmt: skip
     mean_d = s1 / size  # mean - k
-    rstd = tl.math.rsqrt(tl.maximum(s2 - s1 * mean_d, 0.0) / size + eps)
+    rstd = _rsqrt_eps(tl.maximum(s2 - s1 * mean_d, 0.0) / size, eps)
+    if HAS_DY and ACTIVATION != "none":
+        sg, sgd = _looped_dz_sums(
+            x, grad_out, weight, bias, base, first, k + mean_d, rstd, cpg, HW, h_steps, steps,
+            HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, LOOP_STAGES, COMPUTE,
+        )  # fmt: skip
+        return base, first, k + mean_d, rstd, sg / size, rstd * sgd / size
     return base, first, k + mean_d, rstd, sg / size, rstd * (sgd - mean_d * sg) / size
 
 
 @triton.jit
 def fwd_looped_kernel(
     x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, STATS_EVICT: tl.constexpr, OUTPUT_EVICT: tl.constexpr, COMPUTE: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, STATS_EVICT: tl.constexpr, OUTPUT_EVICT: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """One program per (sample, group): statistics first, then the output
     last tile first.  STATS_EVICT / OUTPUT_EVICT: L2 eviction policies of the
@@ -493,23 +589,24 @@ def fwd_looped_kernel(
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         base, first, mean, rstd, _mg, _mgx = _looped_stats(
-            x, x, weight, tl.cast(row, tl.int64), num_groups, cpg, HW, h_steps, steps, eps,
-            False, False, BLOCK_C, BLOCK_HW, LOOP_STAGES, STATS_EVICT, COMPUTE,
+            x, x, weight, bias, tl.cast(row, tl.int64), num_groups, cpg, HW, h_steps, steps, eps,
+            False, False, False, "none", BLOCK_C, BLOCK_HW, LOOP_STAGES, STATS_EVICT, COMPUTE,
         )  # fmt: skip
         for i in tl.range(0, steps, num_stages=LOOP_STAGES):
             offs, mask, ch, c_mask = _group_tile(base, steps - 1 - i, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
             scale = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * rstd
             shift = _channel_param(bias, first + ch, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
             xv = tl.load(x + offs, mask=mask, other=0.0, eviction_policy=OUTPUT_EVICT).to(COMPUTE)
-            out = (xv - mean) * scale[:, None] + shift[:, None]
+            out = _activate((xv - mean) * scale[:, None] + shift[:, None], ACTIVATION)
             tl.store(y + offs, _narrow(out, y.dtype.element_ty), mask=mask, eviction_policy=OUTPUT_EVICT)
 
 
 @triton.jit
 def bwd_looped_kernel(
-    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    HAS_W: tl.constexpr, PARAM_GRADS: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, PARAM_GRADS: tl.constexpr,
+    DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """One program per (sample, group): the group sums first, then dx last
     tile first, with PARAM_GRADS summing each channel's sum(dy * xhat) and
@@ -522,8 +619,8 @@ def bwd_looped_kernel(
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
         base, first, mean, rstd, mg, mgx = _looped_stats(
-            x, grad_out, weight, row, num_groups, cpg, HW, h_steps, steps, eps,
-            True, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, "", COMPUTE,
+            x, grad_out, weight, bias, row, num_groups, cpg, HW, h_steps, steps, eps,
+            True, HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, LOOP_STAGES, "", COMPUTE,
         )  # fmt: skip
         acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
         acc_b = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
@@ -534,6 +631,9 @@ def bwd_looped_kernel(
             xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
             dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
             xhat = tl.where(mask, (xv - mean) * rstd, 0.0)
+            if ACTIVATION != "none":
+                b = _channel_param(bias, first + ch, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
+                dy = _activation_grad(dy, xhat * w[:, None] + b[:, None], ACTIVATION)
             tl.store(dx + offs, _narrow(rstd * (dy * w[:, None] - mg - xhat * mgx), dx.dtype.element_ty), mask=mask)
             if PARAM_GRADS:
                 acc_w += dy * xhat
@@ -550,11 +650,14 @@ def bwd_looped_kernel(
 
 
 @triton.jit
-def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, HAS_DY: tl.constexpr, BLOCK_C: tl.constexpr,
-                  BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, w, b, mean, rstd, HAS_DY: tl.constexpr,
+                  ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+                  COMPUTE: tl.constexpr):  # fmt: skip
     """Over one segment of each channel row (rows: offsets of the channels'
     first elements): the shift k (the segment's first element), and sum(d),
-    sum(d^2), sum(dy), sum(dy * d) with d = x - k, each of shape [BLOCK_C]."""
+    sum(d^2), sum(dy), sum(dy * d) with d = x - k, each of shape [BLOCK_C].
+    With an ACTIVATION, dy is first taken through it at z = (x - mean) *
+    rstd * w + b (the group's statistics, the channels' w and b)."""
     k = tl.load(x + rows + start, mask=c_mask, other=0.0).to(COMPUTE)
     acc_d = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
     acc_dd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
@@ -570,6 +673,8 @@ def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, HAS_DY: tl.conste
         acc_dd += d * d
         if HAS_DY:
             dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
+            if ACTIVATION != "none":
+                dy = _activation_grad(dy, (xv - mean) * (rstd * w)[:, None] + b[:, None], ACTIVATION)
             acc_g += dy
             acc_gd += dy * d
     return k, tl.sum(acc_d, 1), tl.sum(acc_dd, 1), tl.sum(acc_g, 1), tl.sum(acc_gd, 1)
@@ -596,7 +701,9 @@ def fwd_partials_kernel(
     cpg, c_blocks, splits, _n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         row, ch, c_mask, rows, s, start = _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C)
-        k, s1, s2, _, _ = _shifted_sums(x, x, rows, c_mask, start, HW, chunk, False, BLOCK_C, BLOCK_HW, COMPUTE)
+        k, s1, s2, _, _ = _shifted_sums(
+            x, x, rows, c_mask, start, HW, chunk, 1.0, 0.0, 0.0, 1.0, False, "none", BLOCK_C, BLOCK_HW, COMPUTE
+        )
         cnt = _segment_count(s, HW, chunk).to(COMPUTE)
         seg = _segment_index(row, num_groups, cpg, C, splits, s) + ch
         tl.store(workspace + MEAN_ROW * n_segments + seg, k + s1 / cnt, mask=c_mask)
@@ -605,24 +712,40 @@ def fwd_partials_kernel(
 
 @triton.jit
 def bwd_partials_kernel(
-    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, HAS_DY: tl.constexpr,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
+    STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    """Each segment's per-channel mean, M2, sum(dy) and sum(dy * (x - segment mean))."""
-    cpg, c_blocks, splits, _n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
+    """Each segment's per-channel mean, M2 and, with HAS_DY, sum(dy) and
+    sum(dy * (x - segment mean)).  With an ACTIVATION, dy is taken through it
+    with the group's mean and rstd read from the stats rows at STATS_ROW (a
+    run without HAS_DY and bwd_finalize_kernel's have stored them)."""
+    cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         row, ch, c_mask, rows, s, start = _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C)
+        w = 1.0
+        b = 0.0
+        mean = 0.0
+        rstd = 1.0
+        if ACTIVATION != "none":
+            cs = (row % num_groups) * cpg + ch
+            w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+            b = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
+            mean = tl.load(workspace + STATS_ROW * n_segments + row)
+            rstd = tl.load(workspace + STATS_ROW * n_segments + n_rows + row)
         k, s1, s2, sg, sgd = _shifted_sums(
-            x, grad_out, rows, c_mask, start, HW, chunk, True, BLOCK_C, BLOCK_HW, COMPUTE
-        )
+            x, grad_out, rows, c_mask, start, HW, chunk, w, b, mean, rstd, HAS_DY, ACTIVATION, BLOCK_C, BLOCK_HW,
+            COMPUTE,
+        )  # fmt: skip
         cnt = _segment_count(s, HW, chunk).to(COMPUTE)
         d_mean = s1 / cnt
         seg = _segment_index(row, num_groups, cpg, C, splits, s) + ch
         tl.store(workspace + MEAN_ROW * n_segments + seg, k + d_mean, mask=c_mask)
         tl.store(workspace + M2_ROW * n_segments + seg, tl.maximum(s2 - s1 * d_mean, 0.0), mask=c_mask)
-        tl.store(workspace + SUM_DY_ROW * n_segments + seg, sg, mask=c_mask)
-        tl.store(workspace + SUM_DY_D_ROW * n_segments + seg, sgd - d_mean * sg, mask=c_mask)
+        if HAS_DY:
+            tl.store(workspace + SUM_DY_ROW * n_segments + seg, sg, mask=c_mask)
+            tl.store(workspace + SUM_DY_D_ROW * n_segments + seg, sgd - d_mean * sg, mask=c_mask)
 
 
 @triton.jit
@@ -642,17 +765,20 @@ def fwd_finalize_kernel(
             MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, False, BLOCK_P, COMPUTE,
         )  # fmt: skip
         tl.store(stats + row, mean)
-        tl.store(stats + n_rows + row, tl.math.rsqrt(m2 / _group_size(cpg, HW, COMPUTE) + eps))
+        tl.store(stats + n_rows + row, _rsqrt_eps(m2 / _group_size(cpg, HW, COMPUTE), eps))
 
 
 @triton.jit
 def bwd_finalize_kernel(
-    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    HAS_W: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr,
-    SUM_DY_D_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr, COMPUTE: tl.constexpr,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    HAS_W: tl.constexpr, HAS_DY: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
+    SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    """Each (sample, group)'s mean, rstd, mean(g) and mean(g * xhat), in the
-    four rows of one value per row from segment row STATS_ROW (the unfused path)."""
+    """Each (sample, group)'s mean, rstd and, with HAS_DY, mean(g) and
+    mean(g * xhat), in the four rows of one value per row from segment row
+    STATS_ROW (the unfused path, and the statistics an activation's
+    derivative needs)."""
     cpg, _c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, 1)
     stats = workspace + STATS_ROW * n_segments
     size = _group_size(cpg, HW, COMPUTE)
@@ -660,19 +786,21 @@ def bwd_finalize_kernel(
         row = tl.cast(row, tl.int64)
         mean, m2, sum_g, sum_gd = _merge_group(
             workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
-            MEAN_ROW, M2_ROW, SUM_DY_ROW, SUM_DY_D_ROW, True, HAS_W, BLOCK_P, COMPUTE,
+            MEAN_ROW, M2_ROW, SUM_DY_ROW, SUM_DY_D_ROW, HAS_DY, HAS_W, BLOCK_P, COMPUTE,
         )  # fmt: skip
         rstd, mg, mgx = _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps)
         tl.store(stats + row, mean)
         tl.store(stats + n_rows + row, rstd)
-        tl.store(stats + 2 * n_rows + row, mg)
-        tl.store(stats + 3 * n_rows + row, mgx)
+        if HAS_DY:
+            tl.store(stats + 2 * n_rows + row, mg)
+            tl.store(stats + 3 * n_rows + row, mgx)
 
 
 @triton.jit
 def fwd_apply_kernel(
     x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
+    FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, MEAN_ROW: tl.constexpr,
+    M2_ROW: tl.constexpr,
     STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
@@ -690,7 +818,7 @@ def fwd_apply_kernel(
                 workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
                 MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, False, BLOCK_P, COMPUTE,
             )  # fmt: skip
-            rstd = tl.math.rsqrt(m2 / size + eps)
+            rstd = _rsqrt_eps(m2 / size, eps)
         else:
             mean = tl.load(workspace + STATS_ROW * n_segments + row)
             rstd = tl.load(workspace + STATS_ROW * n_segments + n_rows + row)
@@ -702,13 +830,15 @@ def fwd_apply_kernel(
             mask = c_mask[:, None] & (cols < HW)[None, :]
             offs = rows[:, None] + cols[None, :]
             xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
-            tl.store(y + offs, _narrow(xv * scale[:, None] + shift[:, None], y.dtype.element_ty), mask=mask)
+            out = _activate(xv * scale[:, None] + shift[:, None], ACTIVATION)
+            tl.store(y + offs, _narrow(out, y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def bwd_dx_kernel(
-    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
-    FUSED: tl.constexpr, HAS_W: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr,
+    MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
     SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
     STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
     COMPUTE: tl.constexpr,
@@ -736,7 +866,10 @@ def bwd_dx_kernel(
             rstd = tl.load(stats + n_rows)
             mg = tl.load(stats + 2 * n_rows)
             mgx = tl.load(stats + 3 * n_rows)
-        w = _channel_param(weight, (row % num_groups) * cpg + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+        cs = (row % num_groups) * cpg + ch
+        w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+        if ACTIVATION != "none":
+            b = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
         if HAS_W:
             # Only this item writes its segments' terms; every item reads the partial rows only.
             seg = _segment_index(row, num_groups, cpg, C, splits, s) + ch
@@ -750,6 +883,8 @@ def bwd_dx_kernel(
             offs = rows[:, None] + cols[None, :]
             xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
             dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
+            if ACTIVATION != "none":
+                dy = _activation_grad(dy, (xv - mean) * (rstd * w)[:, None] + b[:, None], ACTIVATION)
             dxv = rstd * (dy * w[:, None] - mg - (xv - mean) * rstd * mgx)
             tl.store(dx + offs, _narrow(dxv, dx.dtype.element_ty), mask=mask)
 
@@ -759,7 +894,7 @@ def bwd_dx_kernel(
 
 @triton.jit
 def reduce_param_grads_kernel(
-    grad_out, x, weight, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip

@@ -8,7 +8,7 @@ them):
 * ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
 
 The sequence runs a plan's steps in order, each with the direction's one
-argument tuple (kernels.py): x and grad_out made contiguous and viewed as
+argument tuple (kernels.py; the activation is a constexpr of the plan's): x and grad_out made contiguous and viewed as
 (N, C, HW), the workspace and barrier counters the plan asks for.  The op
 is host-bound on small shapes, so a call does little Python: the CUDA entry
 finds its plan under a key of plain ints, and each plan's launchers
@@ -24,7 +24,7 @@ import torch
 from csrc_free_ops import device
 from csrc_free_ops.group_norm import kernels, plan, reference
 from csrc_free_ops.group_norm.plan import CudaDevice, Plan, Problem
-from csrc_free_ops.launcher import Launcher
+from csrc_free_ops.launcher import Launcher, placeholder, tracing
 
 # Plans (and their launchers) kept before a cache is dropped (a bound on its memory).
 MAX_CACHED = 1024
@@ -57,8 +57,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 def _buffers(p: Plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The plan's workspace and zeroed barrier counters; x stands in for
     either when the plan needs none."""
-    workspace = torch.empty(p.workspace, dtype=_compute_dtype(x), device=x.device) if p.workspace else x
-    counters = torch.zeros(p.counters, dtype=torch.int32, device=x.device) if p.counters else x
+    workspace = torch.empty(p.workspace, dtype=_compute_dtype(x), device=x.device) if p.workspace else placeholder(x)
+    counters = torch.zeros(p.counters, dtype=torch.int32, device=x.device) if p.counters else placeholder(x)
     return workspace, counters
 
 
@@ -90,8 +90,8 @@ def forward(
     y = torch.empty_like(x)  # contiguous, as x now is (the cheapest allocation on the host)
     if x.numel() == 0:
         return y
-    w = _contiguous(weight) if weight is not None else x
-    b = _contiguous(bias) if bias is not None else x
+    w = _contiguous(weight) if weight is not None else placeholder(x)
+    b = _contiguous(bias) if bias is not None else placeholder(x)
     args = (x, w, b, y, *_buffers(p, x), *_sizes(x), num_groups, p.chunk, eps)
     steps = _steps(p, args, x)
     if steps is None:  # a one-pass kernel that would not be resident: the plan's two-walk fallback
@@ -121,8 +121,11 @@ def backward(
         return (dx, torch.zeros_like(weight) if weight is not None else None,
                 torch.zeros_like(bias) if bias is not None else None)  # fmt: skip
     dweight, dbias = _param_grads(weight, bias, x.shape[1], x.device)
-    tensors = (dy, x, _contiguous(weight) if weight is not None else x, dx, x if dweight is None else dweight,
-               x if dbias is None else dbias)  # fmt: skip
+    w = _contiguous(weight) if weight is not None else placeholder(x)
+    b = _contiguous(bias) if bias is not None else placeholder(x)
+    dw = placeholder(x) if dweight is None else dweight
+    db = placeholder(x) if dbias is None else dbias
+    tensors = (dy, x, w, b, dx, dw, db)
     args = (*tensors, *_buffers(p, x), *_sizes(x), num_groups, p.chunk, eps)
     steps = _steps(p, args, x)
     if steps is None:  # a one-pass kernel that would not be resident: the plan's two-walk fallback
@@ -146,6 +149,8 @@ def _steps(p: Plan, args: tuple, x: torch.Tensor) -> tuple[tuple[Launcher, int],
     and argument dtypes."""
     if not p.team_size or x.device.type != "cuda":
         return _launches(p)
+    if tracing():  # a traced launch cannot be capped to what stays resident: the two-walk fallback
+        return None
     key = (id(p), x.device, *(a.dtype for a in args if isinstance(a, torch.Tensor)))
     hit = _CAPPED.get(key)
     if hit is None or hit[0] is not p:
@@ -192,27 +197,33 @@ def _cuda_device(dev: torch.device, sms: int) -> CudaDevice:
 _CUDA_PLANS: dict[tuple, Plan] = {}
 
 
-def _cuda_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool) -> Plan:
+def _cuda_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool,
+               activation: str) -> Plan:  # fmt: skip
     dev = x.device
     sms = device.sms_of(x)
     n, c, hw = _sizes(x)
-    key = (n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, dev, sms)
+    key = (n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation, dev, sms)
     p = _CUDA_PLANS.get(key)
     if p is None:
         if len(_CUDA_PLANS) >= MAX_CACHED:
             _CUDA_PLANS.clear()
-        problem = Problem(n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward)
+        problem = Problem(n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation)
         p = _CUDA_PLANS[key] = plan.cuda(problem, _cuda_device(dev, sms))
     return p
 
 
 def cuda_forward(
-    x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    activation: str = "none",
 ) -> torch.Tensor:
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return forward(x, num_groups, weight, bias, eps, _cuda_plan(x, num_groups, weight is not None, bias is not None,
-                                                                False))  # fmt: skip
+                                                                False, activation))  # fmt: skip
 
 
 def cuda_backward(
@@ -222,8 +233,9 @@ def cuda_backward(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
+    activation: str = "none",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    p = _cuda_plan(x, num_groups, weight is not None, bias is not None, True) if x.numel() else None
+    p = _cuda_plan(x, num_groups, weight is not None, bias is not None, True, activation) if x.numel() else None
     return backward(grad_out, x, num_groups, weight, bias, eps, p)
 
 
@@ -234,20 +246,26 @@ def _npu_float64(*tensors: torch.Tensor | None) -> bool:
     return any(t is not None and t.dtype == torch.float64 for t in tensors)
 
 
-def _npu_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool) -> Plan:
-    problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward)
+def _npu_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool,
+              activation: str) -> Plan:  # fmt: skip
+    problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward, activation)
     return plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
 def npu_forward(
-    x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    activation: str = "none",
 ) -> torch.Tensor:
     if _npu_float64(x, weight, bias):
-        return reference.forward(x, num_groups, weight, bias, eps)
+        return reference.forward(x, num_groups, weight, bias, eps, activation)
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return forward(x, num_groups, weight, bias, eps, _npu_plan(x, num_groups, weight is not None, bias is not None,
-                                                               False))  # fmt: skip
+                                                               False, activation))  # fmt: skip
 
 
 def npu_backward(
@@ -257,8 +275,9 @@ def npu_backward(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
+    activation: str = "none",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     if _npu_float64(grad_out, x, weight, bias):
-        return reference.backward(grad_out, x, num_groups, weight, bias, eps)
-    p = _npu_plan(x, num_groups, weight is not None, bias is not None, True) if x.numel() else None
+        return reference.backward(grad_out, x, num_groups, weight, bias, eps, activation)
+    p = _npu_plan(x, num_groups, weight is not None, bias is not None, True, activation) if x.numel() else None
     return backward(grad_out, x, num_groups, weight, bias, eps, p)

@@ -7,6 +7,10 @@ dtypes; y comes back in x's dtype and dweight / dbias in the dtype of
 weight / bias.  Both functions are built from differentiable torch ops, so
 autograd through ``backward`` gives exact second-order gradients
 (registrations/group_norm.py makes the backward op differentiable that way).
+
+``activation`` ("none" or "silu") is applied to the affine output z: y =
+silu(z); the backward takes grad_out through it first, dz = grad_out *
+silu'(z), with z recomputed from x.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+ACTIVATIONS = ("none", "silu")
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -40,17 +46,31 @@ def _normalized(x: torch.Tensor, num_groups: int, eps: float) -> tuple[torch.Ten
     return (xg - mean) * rstd, rstd
 
 
+def _affine(xhat: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+            ct: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """z = xhat * weight + bias, shaped as x."""
+    z = xhat.reshape(x.shape)
+    if weight is not None:
+        z = z * _channel_view(weight, x, ct)
+    if bias is not None:
+        z = z + _channel_view(bias, x, ct)
+    return z
+
+
 def forward(
-    x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    activation: str = "none",
 ) -> torch.Tensor:
     ct = _compute_dtype(x)
     xhat, _ = _normalized(x, num_groups, eps)
-    y = xhat.reshape(x.shape)
-    if weight is not None:
-        y = y * _channel_view(weight, x, ct)
-    if bias is not None:
-        y = y + _channel_view(bias, x, ct)
-    return y.to(x.dtype)
+    z = _affine(xhat, x, weight, bias, ct)
+    if activation == "silu":
+        z = z * torch.sigmoid(z)
+    return z.to(x.dtype)
 
 
 def backward(
@@ -60,11 +80,16 @@ def backward(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
+    activation: str = "none",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dweight or None, dbias or None) from the closed form."""
     ct = _compute_dtype(x)
     xhat, rstd = _normalized(x, num_groups, eps)
     dy = grad_out.to(ct)
+    if activation == "silu":
+        z = _affine(xhat, x, weight, bias, ct)
+        s = torch.sigmoid(z)
+        dy = dy * (s * (1 + z * (1 - s)))
     dxhat = dy * _channel_view(weight, x, ct) if weight is not None else dy
     dxhat = _grouped(dxhat, num_groups, ct)
     m1 = dxhat.mean(-1, keepdim=True)

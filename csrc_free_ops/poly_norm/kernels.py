@@ -49,9 +49,11 @@ def _load_params(weight, bias, COMPUTE: tl.constexpr):
 @triton.jit
 def _rstds(s2, s4, s6, inv_n, eps):
     """rsqrt(mean(x^2k) + eps) for k = 1, 2, 3 from the sums of x^2, x^4, x^6."""
-    r1 = tl.math.rsqrt(s2 * inv_n + eps)
-    r2 = tl.math.rsqrt(s4 * inv_n + eps)
-    r3 = tl.math.rsqrt(s6 * inv_n + eps)
+    # Rounded to the sums' dtype: Inductor, launching these kernels from a compiled graph, passes a Python float
+    # as fp64, which would promote everything computed from it.
+    r1 = tl.math.rsqrt((s2 * inv_n + eps).to(s2.dtype))
+    r2 = tl.math.rsqrt((s4 * inv_n + eps).to(s2.dtype))
+    r3 = tl.math.rsqrt((s6 * inv_n + eps).to(s2.dtype))
     return r1, r2, r3
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from csrc_free_ops import device
 from csrc_free_ops.host_math import next_pow2
-from csrc_free_ops.launcher import Launcher
+from csrc_free_ops.launcher import Launcher, placeholder
 from csrc_free_ops.poly_norm import kernels, plan, reference
 from csrc_free_ops.poly_norm.plan import Plan
 
@@ -102,8 +102,8 @@ def backward(
     dy, dy_row, dy_col = _rows(grad_out)
     # Every program stores its row, so the buffer needs no zeroing; one program writes the gradients itself.
     direct = p.programs == 1
-    partials = dweight if direct else torch.empty((p.programs, kernels.N_PARTIALS.value), dtype=partial_dtype,
-                                                  device=x.device)  # fmt: skip
+    partials = placeholder(dweight) if direct else torch.empty((p.programs, kernels.N_PARTIALS.value),
+                                                               dtype=partial_dtype, device=x.device)  # fmt: skip
     args = (dy, src, _contiguous(weight), dx, partials, dweight, dbias,
             dy_row, dy_col, x_row, x_col, n_cols, n_rows, n_cols, eps)  # fmt: skip
     _launcher(True, p, True, compute)(p.programs, *args)
