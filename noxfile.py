@@ -3,18 +3,24 @@
 In a virtual environment of their own, which they install into:
     tests         the CPU suite, the real Triton kernels under TRITON_INTERPRET=1
     demo          the main job: every op on the best device present
-    transformers  the transformers-touching tests at the oldest and newest release of the supported range
+    transformers  the transformers-touching tests at the oldest release of the supported range, the CI pin
+                  and the newest release
+    newest        op, compile, opcheck, patcher and fuzz tests with the newest torch and Triton these
+                  machines install (torch 2.14.1 + triton 3.8.0), and with triton 3.9.0 put beside it
+    diffusers     the diffusers-touching tests at the oldest and newest release of the `diffusion` extra
     lint          ruff
     npu_compile   every NPU launch plan's kernels through the Ascend compiler, on the CPU (plus a
                   triton-ascend venv beside its own; not run by CI)
 In the active environment (venv_backend="none": nothing installed, its torch and triton used):
-    gpu           the suite on a CUDA machine
+    gpu           the suite on a CUDA machine, with a junit XML report into the results
     multigpu      the distributed checks under torchrun, 2 ranks (2 GPUs with NCCL; on CPU with gloo)
     bench         the benchmark (bench/README.md)
+    steps         whole training steps of real models, `python -m bench.steps` (bench/README.md)
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -38,8 +44,32 @@ TRANSFORMERS = "transformers==5.17.0"
 HF_RANGE = next(
     r for r in nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["hf"] if "transformers" in r
 )
-# The tests that import transformers (the patcher and the end-to-end training).
-HF_TESTS = ["tests/test_patching.py", "tests/test_e2e_training.py"]
+# The diffusers range (the `diffusion` extra) and the tests that import diffusers.
+DIFFUSERS_RANGE = next(
+    r
+    for r in nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["diffusion"]
+    if "diffusers" in r
+)
+DIFFUSERS_TESTS = ["tests/test_patching_diffusers.py"]
+# The newest release of the range (5.25 brings the `kernels` package, whose hub decorators wrap the
+# rotary functions): the `newest` end of `nox -s transformers`.
+TRANSFORMERS_NEWEST = "transformers==5.25.0"
+# The tests that import transformers (the patcher, the end-to-end training, the kernels hub layers).
+HF_TESTS = ["tests/test_patching.py", "tests/test_e2e_training.py", "tests/test_hub.py"]
+# The newest torch and Triton these machines install: torch 2.14.1 (pip here is constrained to it;
+# 2.15 is not run) requires triton~=3.8.0.  Triton 3.9.0 goes with torch 2.15; `newest(triton="3.9")`
+# puts it beside torch 2.14.1 (pip install --target, first on PYTHONPATH), as a user upgrading Triton
+# alone gets it.  CI keeps CPU_PINS.
+NEWEST_PINS = ["torch==2.14.1", "triton==3.8.0"]
+NEWEST_TRITON_BESIDE = "triton==3.9.0"
+# Every op's tests, compile, opcheck (test_library), the patcher, fuzz, and the sm_90 compile check
+# (tests/cuda_compile_check.py through test_cuda_compile.py), one file at a time in one pytest.
+NEWEST_TESTS = [
+    "tests/test_poly_norm.py", "tests/test_rope.py", "tests/test_rope_variants.py", "tests/test_rope_inplace.py",
+    "tests/test_group_norm.py", "tests/test_poly_norm_compile.py", "tests/test_rope_compile.py",
+    "tests/test_group_norm_compile.py", "tests/test_library.py", "tests/test_launcher.py", "tests/test_patching.py",
+    "tests/test_fuzz.py", "tests/test_cuda_compile.py",
+]  # fmt: skip
 # The Ascend compiler without CANN: triton-ascend installs as the `triton`
 # package and needs pybind11 undeclared; ascendnpu-ir ships bishengir-compile.
 # torch (the CPU wheel) is there because some kernel modules import it for their
@@ -92,19 +122,69 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("end", ["oldest", "newest"], ids=["oldest", "newest"])
+@nox.parametrize("end", ["oldest", "pin", "newest"], ids=["oldest", "pin", "newest"])
 def transformers(session: nox.Session, end: str) -> None:
-    """The transformers-touching tests at one end of the supported range (CPU, interpreter)."""
-    spec = "transformers==" + re.search(r">=\s*([\w.]+)", HF_RANGE).group(1) if end == "oldest" else HF_RANGE
-    _install(session, f"the CPU pins and {spec} (the {end} of {HF_RANGE})", *CPU_PINS, spec, "-e", ".[test]")
+    """The transformers-touching tests with the oldest release of the supported range, CI's pin
+    or the newest release (CPU, interpreter)."""
+    spec = {
+        "oldest": "transformers==" + re.search(r">=\s*([\w.]+)", HF_RANGE).group(1),
+        "pin": TRANSFORMERS,
+        "newest": TRANSFORMERS_NEWEST,
+    }[end]
+    _install(session, f"the CPU pins and {spec} ({end}; range {HF_RANGE})", *CPU_PINS, spec, "-e", ".[test]")
     session.run("python", "-c", "import importlib.metadata as m; print('transformers', m.version('transformers'))")
     session.run("python", "-m", "pytest", *HF_TESTS, "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
+@nox.session
+@nox.parametrize("end", ["oldest", "newest"], ids=["oldest", "newest"])
+def diffusers(session: nox.Session, end: str) -> None:
+    """The diffusers-touching tests at one end of the supported range (CPU, interpreter)."""
+    oldest = "diffusers==" + re.search(r">=\s*([\w.]+)", DIFFUSERS_RANGE).group(1)
+    spec = oldest if end == "oldest" else DIFFUSERS_RANGE
+    _install(session, f"the CPU pins and {spec} (the {end} of {DIFFUSERS_RANGE})", *CPU_PINS, spec, "-e", ".[test]")
+    session.run("python", "-c", "import importlib.metadata as m; print('diffusers', m.version('diffusers'))")
+    session.run("python", "-m", "pytest", *DIFFUSERS_TESTS, "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session
+@nox.parametrize("triton", ["3.8", "3.9"], ids=["triton38", "triton39"])
+def newest(session: nox.Session, triton: str) -> None:
+    """NEWEST_TESTS (or the paths after --) with torch 2.14.1 and Triton 3.8.0, or Triton 3.9.0
+    beside them, on the CPU under the interpreter."""
+    _install(session, "the newest torch and Triton: " + ", ".join([*NEWEST_PINS, TRANSFORMERS]),
+             *NEWEST_PINS, TRANSFORMERS)  # fmt: skip
+    _install(session, "this project (editable) with its test extra", "-e", ".[test]")
+    env = {"TRITON_INTERPRET": "1"}
+    if triton == "3.9":
+        beside = Path(session.virtualenv.location) / "triton-beside"
+        if not _installs_skipped(session):
+            session.log(f"installing {NEWEST_TRITON_BESIDE} beside torch, into {beside} ...")
+            session.install("--no-compile", "--no-deps", "--upgrade", "--target", str(beside), NEWEST_TRITON_BESIDE)
+        env["PYTHONPATH"] = str(beside)
+    session.run("python", "-c", "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)",
+                env=env)  # fmt: skip
+    paths_given = any(a.startswith("tests") for a in session.posargs)
+    session.run("python", "-m", "pytest", "-q", *([] if paths_given else NEWEST_TESTS), *session.posargs, env=env)
+
+
+# Where `nox -s gpu` writes its junit XML report unless GPU_JUNIT_XML or a --junitxml argument says otherwise:
+# beside the current results, so the report of which tests ran (and passed) on the GPU goes with them.
+GPU_JUNIT_XML = "bench/results/current/gpu_tests.xml"
+
+
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """The suite on a CUDA machine, with the active environment's torch and triton."""
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    """The suite on a CUDA machine, with the active environment's torch and triton.  pytest writes a
+    junit XML report (every test with its outcome and time) to $GPU_JUNIT_XML, by default
+    bench/results/current/gpu_tests.xml; a --junitxml=PATH among the arguments replaces it."""
+    args = list(session.posargs)
+    if not any(a.startswith("--junitxml") or a.startswith("--junit-xml") for a in args):
+        report = Path(os.environ.get("GPU_JUNIT_XML", GPU_JUNIT_XML))
+        report.parent.mkdir(parents=True, exist_ok=True)
+        session.log(f"junit XML report: {report}")
+        args = [f"--junitxml={report}", *args]
+    session.run("python", "-m", "pytest", "-q", *args)
 
 
 @nox.session(venv_backend="none")
@@ -134,6 +214,14 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "bench.run", *session.posargs)
 
 
+@nox.session(venv_backend="none")
+def steps(session: nox.Session) -> None:
+    """Whole training steps (UNet, VAE, ResNet stack, Llama, Qwen2) per provider and
+    mode, `python -m bench.steps` (CUDA machine, the active environment with the
+    `diffusion` extra; see bench/README.md)."""
+    session.run("python", "-m", "bench.steps", *session.posargs)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     _install(session, RUFF, RUFF)
@@ -146,7 +234,7 @@ def npu_compile(session: nox.Session) -> None:
     """Every NPU launch plan's kernels compiled by triton-ascend and bishengir
     to HIVM, UB allocation included (docs/npu.md).  Recording the launches
     needs this project's torch and Triton, compiling them triton-ascend, which
-    installs as `triton`: so a second venv beside this session's."""
+    installs as `triton`: so a second venv beside this nox session's venv."""
     _install(session, "the CPU pins and numpy, to record the launches", *CPU_PINS, "numpy")
     out = Path(session.create_tmp())
     specs, report = out / "npu_specs.json", out / "npu_compile_report.json"

@@ -141,7 +141,8 @@ def rope_variant_bytes(op: str, shape: dict[str, Any], mode: str) -> int:
     return one * (2 if mode == "full" else 1)
 
 
-_BYTES = {"poly_norm": poly_norm_bytes, "rope": rope_bytes, "group_norm": group_norm_bytes}
+_BYTES = {"poly_norm": poly_norm_bytes, "rope": rope_bytes, "group_norm": group_norm_bytes,
+          "group_norm_silu": group_norm_bytes}  # fmt: skip
 _BYTES.update({op: functools.partial(rope_variant_bytes, op) for op in ROPE_VARIANTS})
 
 

@@ -119,11 +119,14 @@ class Case:
             return lambda: launch.backward(self.dy, self.x, GROUPS, self.w, self.b, EPS, p)
         return lambda: (launch.forward(self.x, GROUPS, self.w, self.b, EPS, p),)
 
-    def run_op(self, fn):
-        """fn(x, G, w, b, eps) through autograd: forward, or backward of a recorded forward."""
+    def run_op(self, fn, params_in_x_dtype: bool = False):
+        """fn(x, G, w, b, eps) through autograd: forward, or backward of a recorded forward.
+        params_in_x_dtype: weight and bias in x's dtype, for torch's own group_norm, which on
+        CUDA (torch 2.11) refuses float32 parameters beside bfloat16 activations."""
+        w, b = (self.w.to(self.x.dtype), self.b.to(self.x.dtype)) if params_in_x_dtype else (self.w, self.b)
         if not self.backward:
-            return lambda: (fn(self.x, GROUPS, self.w, self.b, EPS),)
-        leaves = [t.detach().requires_grad_() for t in (self.x, self.w, self.b)]
+            return lambda: (fn(self.x, GROUPS, w, b, EPS),)
+        leaves = [t.detach().requires_grad_() for t in (self.x, w, b)]
         y = fn(leaves[0], GROUPS, leaves[1], leaves[2], EPS)
         return lambda: torch.autograd.grad(y, leaves, self.dy, retain_graph=True)
 
@@ -197,9 +200,9 @@ def main() -> int:
                 rows = []
                 runs = [(n, p, case.run_plan(p)) for n, p in candidates(case, args.quick)]
                 runs.append(("op", None, case.run_op(torch.ops.liger.group_norm)))
-                runs.append(("torch", None, case.run_op(F.group_norm)))
+                runs.append(("torch", None, case.run_op(F.group_norm, params_in_x_dtype=True)))
                 if not args.no_compile:
-                    runs.append(("compile", None, case.run_op(compiled)))
+                    runs.append(("compile", None, case.run_op(compiled, params_in_x_dtype=True)))
                 for name, p, fn in runs:
                     try:
                         err = max_rel_error(fn(), case.ref)

@@ -142,6 +142,11 @@ def torch_group_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     return F.group_norm(x, num_groups, weight, bias, GROUP_NORM_EPS)
 
 
+def torch_group_norm_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int):
+    """A diffusers ResNet block's norm -> SiLU pair."""
+    return F.silu(F.group_norm(x, num_groups, weight, bias, GROUP_NORM_EPS))
+
+
 # --------------------------------------------------------------------------
 # Inputs
 
@@ -183,13 +188,54 @@ def rope_inputs(shape: dict[str, Any], device: str):
     return q_store.transpose(1, 2), k_store.transpose(1, 2), cos, sin
 
 
+def _restarting_positions(doc_lens: list[int], device: str) -> torch.Tensor:
+    return torch.cat([torch.arange(n, device=device) for n in doc_lens])
+
+
+def rope_model_inputs(shape: dict[str, Any], device: str):
+    """The model_layout set's inputs: (q_src, k_src) the projections' (B, S,
+    H*D) outputs, non-leaves made once from leaves that require grad (the
+    gradients' targets); cos, sin (1, S, D), gathered at positions restarting
+    at each document where the shape has ``doc_lens``.  ``model_views`` makes
+    each call's q and k from them."""
+    dt, g = _dtype(shape), _generator(device)
+    b, t, d = shape["B"], shape["T"], shape["head_dim"]
+    leaves = tuple(
+        torch.randn(b, t, shape[heads] * d, device=device, generator=g).to(dt).requires_grad_(True)
+        for heads in ("n_q_heads", "n_kv_heads")
+    )
+    srcs = tuple(leaf.clone() for leaf in leaves)  # a projection-like producer (CloneBackward0) that saves nothing
+    if "doc_lens" in shape:
+        cos, sin = rope_tables(max(shape["doc_lens"]), d, device, dt)
+        positions = _restarting_positions(shape["doc_lens"], device)
+        cos, sin = cos[:, positions], sin[:, positions]
+    else:
+        cos, sin = rope_tables(t, d, device, dt)
+    return leaves, srcs, cos, sin
+
+
+def model_views(q_src: torch.Tensor, k_src: torch.Tensor, shape: dict[str, Any]):
+    """q, k as a transformers attention layer hands them to apply_rotary_pos_emb:
+    F.linear's output (``_unsafe_view`` of the matmul's, sharing its memory
+    without being a view) viewed (B, S, H, D) and transposed (B, H, S, D)."""
+    b, t, d = shape["B"], shape["T"], shape["head_dim"]
+    out = []
+    for src, heads in ((q_src, shape["n_q_heads"]), (k_src, shape["n_kv_heads"])):
+        projected = torch.ops.aten._unsafe_view(src, src.shape)
+        out.append(projected.view(b, t, heads, d).transpose(1, 2))
+    return out
+
+
 def group_norm_inputs(shape: dict[str, Any], device: str):
     """x (M, C, H), or (M, C, h, w) where the shape has ``spatial`` = [h, w]
-    (H = h*w then; the diffusion set), weight and bias (C,), requiring grad."""
+    (H = h*w then; the diffusion sets), in torch.channels_last where the
+    shape's ``layout`` says so; weight and bias (C,); all requiring grad."""
     dt, g = _dtype(shape), _generator(device)
     c = shape["C"]
     spatial = tuple(shape["spatial"]) if "spatial" in shape else (shape["H"],)
     x = torch.randn(shape["M"], c, *spatial, device=device, generator=g).to(dt)
+    if shape.get("layout") == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
     weight = (1.0 + 0.1 * torch.randn(c, device=device, generator=g)).to(dt)
     bias = (0.1 * torch.randn(c, device=device, generator=g)).to(dt)
     for t in (x, weight, bias):
@@ -263,21 +309,39 @@ def _build_poly_norm(provider: str, shape: dict[str, Any], device: str) -> Built
     return Built(fn, (x, w, b), (x, w, b))
 
 
-def _build_rope(provider: str, shape: dict[str, Any], device: str) -> Built:
-    q, k, cos, sin = rope_inputs(shape, device)
+def _rope_fn(provider: str, model_layout: bool) -> Callable[..., Any]:
     if provider == "liger":
         _liger_ops()
-        fn = torch.ops.liger.rope
-    elif provider == "torch":
-        fn = hf_apply_rotary_pos_emb
-    elif provider == "compile":
-        fn = _compiled(hf_apply_rotary_pos_emb)
-    elif provider == "liger_kernel":
+        if model_layout:  # the patch's path: in place where autograd allows
+            from liger_nn import apply_rotary_pos_emb
+
+            return apply_rotary_pos_emb
+        return torch.ops.liger.rope
+    if provider == "torch":
+        return hf_apply_rotary_pos_emb
+    if provider == "compile":
+        return _compiled(hf_apply_rotary_pos_emb)
+    if provider == "liger_kernel":
         fn_cls = _upstream().LigerRopeFunction
-        fn = lambda q, k, cos, sin: fn_cls.apply(q, k, cos, sin)
-    else:
-        raise ValueError(provider)
-    return Built(fn, (q, k, cos, sin), (q, k))
+        return lambda q, k, cos, sin: fn_cls.apply(q, k, cos, sin)
+    raise ValueError(provider)
+
+
+def _build_rope_model_layout(provider: str, shape: dict[str, Any], device: str) -> Built:
+    leaves, srcs, cos, sin = rope_model_inputs(shape, device)
+    rotary = _rope_fn(provider, model_layout=True)
+
+    def fn(q_src, k_src, cos, sin):
+        return rotary(*model_views(q_src, k_src, shape), cos, sin)
+
+    return Built(fn, (*srcs, cos, sin), leaves)
+
+
+def _build_rope(provider: str, shape: dict[str, Any], device: str) -> Built:
+    if shape.get("layout") == "model":
+        return _build_rope_model_layout(provider, shape, device)
+    q, k, cos, sin = rope_inputs(shape, device)
+    return Built(_rope_fn(provider, model_layout=False), (q, k, cos, sin), (q, k))
 
 
 def _build_group_norm(provider: str, shape: dict[str, Any], device: str) -> Built:
@@ -300,12 +364,39 @@ def _build_group_norm(provider: str, shape: dict[str, Any], device: str) -> Buil
     return Built(fn, (x, w, b), (x, w, b))
 
 
+def _build_group_norm_silu(provider: str, shape: dict[str, Any], device: str) -> Built:
+    """Ours fused (activation="silu"); torch and compile run silu(F.group_norm(x))
+    (compile: Inductor's own fusion of the pair); upstream, LigerGroupNormFunction then F.silu."""
+    x, w, b = group_norm_inputs(shape, device)
+    groups = shapes.num_groups(shape)
+    if provider == "liger":
+        _liger_ops()
+        fn = lambda x, w, b: torch.ops.liger.group_norm(x, groups, w, b, GROUP_NORM_EPS, activation="silu")
+    elif provider == "torch":
+        fn = lambda x, w, b: torch_group_norm_silu(x, w, b, groups)
+    elif provider == "compile":
+        compiled = _compiled(torch_group_norm_silu)
+        fn = lambda x, w, b: compiled(x, w, b, groups)
+    elif provider == "liger_kernel":
+        fn_cls = _upstream().LigerGroupNormFunction
+        c = shape["C"]
+        fn = lambda x, w, b: F.silu(fn_cls.apply(x, w, b, c, groups, GROUP_NORM_EPS))
+    else:
+        raise ValueError(provider)
+    return Built(fn, (x, w, b), (x, w, b))
+
+
 def _build_rope_variant(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:
     fn, args, grad_inputs = rope_variants.build(op, provider, shape, device, _compiled, _upstream, ProviderUnavailable)
     return Built(fn, args, grad_inputs)
 
 
-_BUILDERS = {"poly_norm": _build_poly_norm, "rope": _build_rope, "group_norm": _build_group_norm}
+_BUILDERS = {
+    "poly_norm": _build_poly_norm,
+    "rope": _build_rope,
+    "group_norm": _build_group_norm,
+    "group_norm_silu": _build_group_norm_silu,
+}
 _BUILDERS.update({op: functools.partial(_build_rope_variant, op) for op in shapes.ROPE_VARIANTS})
 
 

@@ -83,6 +83,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=None, help="do_bench warmup in ms (default 10; quick 5)")
     p.add_argument("--rep", type=float, default=None, help="do_bench rep in ms (default 50; quick 20)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--archive",
+        default=None,
+        help="also write every file of --out into this one .tar.gz (a device returns few files: e.g. "
+        "--out /tmp/rope_variants --archive $OUT/rope_variants.tar.gz)",
+    )
     p.add_argument("--summary-only", action="store_true", help="rebuild plots and summary.md from --out")
     args = p.parse_args(argv)
     args.ops = list(dict.fromkeys(op for name in _split(args.ops) for op in shapes.OP_GROUPS.get(name, (name,))))
@@ -252,7 +258,7 @@ def run_point(
     timing.free(device)
 
 
-# Calibrated on the session-6 H200 logs (graph timer only, cold caches): group_norm's
+# Calibrated on the H200 logs of the 2026-12-03 harness runs at bd54704 (graph timer only, cold caches): group_norm's
 # 9 shapes took 154 s, poly_norm's 8 took 139 s.
 SECONDS_PER_TIMING = 0.1  # set-up, capture and gc around each do_bench
 SECONDS_PER_COMPILE = 5.0  # torch.compile of the reference at one shape, cold Inductor cache
@@ -399,8 +405,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             records = [r for r in make_records(res, sweeps_by_key, args.device) if r["kernel_name"] == op]
             text = write_outputs(out, {op: records}, res, not args.no_plots)
     print(f"\nfinished in {time.time() - t0:.0f} s; wrote {out}/<op>.json, <op>_<set>.png, summary.md\n")
+    if args.archive:
+        write_archive(out, Path(args.archive))
     print(text)
     return 0
+
+
+def write_archive(out: Path, archive: Path) -> None:
+    """Every file under ``out`` in one gzipped tar, under ``out``'s folder name."""
+    import tarfile
+
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    print(f"wrote {archive}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ Sets:
   Each dtype is one sweep over C (every shape has its own C); the batch and
   image size of each C are in the config's ``points`` (C -> [N, h, w]), and
   the inputs are 4-D (N, C, h, w) as a UNet passes them.
+* ``diffusion_cl`` (group_norm and group_norm_silu): the diffusion shapes
+  with x in ``torch.channels_last`` (as diffusers' optimization guide runs
+  UNets and VAEs); the config's ``layout`` says so.
 * ``variants`` (the rope_* variant ops only): rope's options at model shapes, bf16
   (bench/rope_variants.py has the providers):
     rope_position_ids  Llama: B=2, 32/8 heads, D=128, (B, S) ids into a (32768, 128) table, S 4096, 16384
@@ -31,12 +34,30 @@ Sets:
                        [16, 24, 24]) and Qwen3-VL (32/8 heads, [24, 20, 20], interleaved), D=128
     rope_packed        8 documents of mixed lengths in 16384 tokens, (T, H, D), 32/8 heads, D=128,
                        by cu_seqlens and by position ids restarting at each document
+* ``model_layout`` (rope only): q and k as a transformers model hands them
+  to apply_rotary_pos_emb, each call: ``_unsafe_view`` of the projection's
+  (B, S, H*D) output (what F.linear without bias returns), viewed
+  (B, S, H, D) and transposed to (B, H, S, D); bf16, (1, S, D) tables.
+  ``liger`` is the patch's path (liger_nn.apply_rotary_pos_emb: in place
+  where autograd allows, which it does here).  One sweep per shape:
+    (B, S, Hq/Hkv, D) = (1, 8192, 32/8, 128), (2, 4096, 64/8, 128),
+    (4, 4096, 32/8, 128), (8, 2048, 16/16, 64), Qwen2-7B (2, 4096, 28/4, 128),
+    and 8 packed documents in 16384 tokens (B = 1, 32/8 heads, D = 128,
+    tables gathered at positions restarting at each document, as
+    transformers does for packed sequences).
 * ``tiny``: interpreter-sized shapes for ``--device cpu`` smoke runs.
+* ``tiny_model_layout``: the model_layout set's inputs at interpreter size.
 * ``tiny_diffusion``: the diffusion set's layout (4-D, per-C points) at
   interpreter size, so the CPU tests walk the same code.
 
+``group_norm_silu`` is silu(group_norm(x)), the norm -> SiLU pair of every
+diffusers ResNet block: ours is one call with ``activation="silu"``; the
+rivals run the pair as written (bench/providers.py).  It has the image sets
+(diffusion, diffusion_cl, tiny_diffusion) and tiny.
+
 Ops without a sweep in a set (poly_norm and rope in ``diffusion``, the rope
-variants everywhere but ``variants`` and ``tiny``) are skipped in that set.
+variants everywhere but ``variants`` and ``tiny``, everything but rope in
+``model_layout``) are skipped in that set.
 ``quick=True`` keeps the first, middle and last x of each sweep (and for
 ``large`` rope only the two shortest sequences).
 """
@@ -48,15 +69,33 @@ from typing import Any
 
 # rope's keyword options, one op key each (bench/rope_variants.py).
 ROPE_VARIANTS = ("rope_position_ids", "rope_interleaved", "rope_partial", "rope_k_only", "rope_mrope", "rope_packed")
-OPS = ("poly_norm", "rope", "group_norm", *ROPE_VARIANTS)
+OPS = ("poly_norm", "rope", "group_norm", "group_norm_silu", *ROPE_VARIANTS)
 # What a run measures when --ops is not given; --ops takes a group's name for its ops.
 DEFAULT_OPS = ("poly_norm", "rope", "group_norm")
 OP_GROUPS = {"rope_variants": ROPE_VARIANTS}
-SETS = ("seeds", "large", "diffusion", "variants", "tiny", "tiny_diffusion")
+SETS = (
+    "seeds",
+    "large",
+    "diffusion",
+    "diffusion_cl",
+    "variants",
+    "model_layout",
+    "tiny",
+    "tiny_diffusion",
+    "tiny_model_layout",
+)
 # What a run measures when --sets is not given.
 DEFAULT_SETS = ("seeds", "large", "diffusion", "variants")
 # rope_packed's documents: 8 of mixed lengths in 16384 tokens.
 PACKED_DOC_LENS = (4096, 512, 3072, 1024, 2560, 256, 3584, 1280)
+# rope's model_layout set: variant -> (B, Hq, Hkv, D, S).
+MODEL_LAYOUT_SHAPES = {
+    "b1_h32_kv8_d128": (1, 32, 8, 128, 8192),
+    "b2_h64_kv8_d128": (2, 64, 8, 128, 4096),
+    "b4_h32_kv8_d128": (4, 32, 8, 128, 4096),
+    "b8_h16_kv16_d64": (8, 16, 16, 64, 2048),
+    "qwen2_b2_h28_kv4_d128": (2, 28, 4, 128, 4096),
+}
 # group_norm's diffusion shapes: C -> (N, h, w), GroupNorm(32).
 DIFFUSION_POINTS = {320: (2, 64, 64), 640: (8, 32, 32), 1280: (16, 16, 16), 512: (4, 128, 128), 128: (1, 512, 512)}
 TINY_DIFFUSION_POINTS = {8: (2, 4, 4), 16: (1, 2, 3)}
@@ -98,7 +137,8 @@ def describe(shape: dict[str, Any], x_name: str) -> str:
     else ``x_name=x``; then the variant, where the sweep has one."""
     if "spatial" in shape:
         h, w = shape["spatial"]
-        return f"({shape['M']}, {shape['C']}, {h}x{w})"
+        layout = " channels_last" if shape.get("layout") == "channels_last" else ""
+        return f"({shape['M']}, {shape['C']}, {h}x{w}){layout}"
     variant = f" {shape['variant']}" if "variant" in shape else ""
     return f"{x_name}={shape[x_name]}{variant}"
 
@@ -112,7 +152,7 @@ def _pow2(lo: int, hi: int) -> tuple[int, ...]:
 
 
 def _poly_norm(set_name: str) -> list[Sweep]:
-    if set_name in ("diffusion", "tiny_diffusion", "variants"):
+    if set_name in ("diffusion", "diffusion_cl", "tiny_diffusion", "variants", "model_layout", "tiny_model_layout"):
         return []
     if set_name == "seeds":
         return [Sweep("poly_norm", set_name, "H", "hidden size", _pow2(256, 4096), {"M": 2048, "dtype": "bfloat16"})]
@@ -121,8 +161,28 @@ def _poly_norm(set_name: str) -> list[Sweep]:
     return [Sweep("poly_norm", set_name, "H", "hidden size", (64,), {"M": 4, "dtype": "float32"})]
 
 
+def _model_layout(set_name: str) -> list[Sweep]:
+    """rope's model_layout sweeps: one per shape, x = S (or the packed token count)."""
+    seq = "sequence length"
+    if set_name == "tiny_model_layout":
+        tiny = {"B": 2, "n_q_heads": 2, "n_kv_heads": 1, "head_dim": 8, "dtype": "float32", "layout": "model"}
+        packed = {**tiny, "B": 1, "doc_lens": [3, 1, 4], "variant": "packed"}
+        return [Sweep("rope", set_name, "T", seq, (4,), {**tiny, "variant": "tiny"}),
+                Sweep("rope", set_name, "T", "packed tokens", (8,), packed)]  # fmt: skip
+    out = []
+    for variant, (b, hq, hkv, d, s) in MODEL_LAYOUT_SHAPES.items():
+        cfg = {"B": b, "n_q_heads": hq, "n_kv_heads": hkv, "head_dim": d, "dtype": "bfloat16", "layout": "model"}
+        out.append(Sweep("rope", set_name, "T", seq, (s,), {**cfg, "variant": variant}))
+    packed = {"B": 1, "n_q_heads": 32, "n_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "layout": "model",
+              "doc_lens": list(PACKED_DOC_LENS), "variant": "packed_8docs_h32_kv8_d128"}  # fmt: skip
+    out.append(Sweep("rope", set_name, "T", "packed tokens", (sum(PACKED_DOC_LENS),), packed))
+    return out
+
+
 def _rope(set_name: str) -> list[Sweep]:
-    if set_name in ("diffusion", "tiny_diffusion", "variants"):
+    if set_name in ("model_layout", "tiny_model_layout"):
+        return _model_layout(set_name)
+    if set_name in ("diffusion", "diffusion_cl", "tiny_diffusion", "variants"):
         return []
     base = {"n_q_heads": 32, "n_kv_heads": 8, "head_dim": 256, "dtype": "bfloat16"}
     if set_name == "seeds":
@@ -134,29 +194,38 @@ def _rope(set_name: str) -> list[Sweep]:
 
 
 def _image_sweeps(
-    set_name: str, points: dict[int, tuple[int, int, int]], num_groups: int, dtypes: tuple[str, ...]
+    set_name: str,
+    points: dict[int, tuple[int, int, int]],
+    num_groups: int,
+    dtypes: tuple[str, ...],
+    op: str = "group_norm",
+    **extra: Any,
 ) -> list[Sweep]:
     cfg_points = {str(c): list(points[c]) for c in sorted(points)}
     return [
         Sweep(
-            "group_norm",
+            op,
             set_name,
             "C",
             "num channels",
             tuple(sorted(points)),
-            {"num_groups": num_groups, "dtype": dt, "points": cfg_points},
-        )
+            {"num_groups": num_groups, "dtype": dt, **extra, "points": cfg_points},
+        )  # fmt: skip
         for dt in dtypes
     ]
 
 
-def _group_norm(set_name: str) -> list[Sweep]:
-    if set_name == "variants":
+def _group_norm(set_name: str, op: str = "group_norm") -> list[Sweep]:
+    if set_name in ("variants", "model_layout", "tiny_model_layout"):
         return []
     if set_name == "diffusion":
-        return _image_sweeps(set_name, DIFFUSION_POINTS, 32, ("bfloat16", "float32"))
+        return _image_sweeps(set_name, DIFFUSION_POINTS, 32, ("bfloat16", "float32"), op)
+    if set_name == "diffusion_cl":
+        return _image_sweeps(set_name, DIFFUSION_POINTS, 32, ("bfloat16", "float32"), op, layout="channels_last")
     if set_name == "tiny_diffusion":
-        return _image_sweeps(set_name, TINY_DIFFUSION_POINTS, 4, ("float32",))
+        return _image_sweeps(set_name, TINY_DIFFUSION_POINTS, 4, ("float32",), op)
+    if op == "group_norm_silu" and set_name != "tiny":
+        return []
     if set_name == "seeds":
         cfg = {"M": 128, "H": 512, "channels_per_group": 4, "dtype": "float32"}
         return [Sweep("group_norm", set_name, "C", "num channels", _pow2(32, 2048), cfg)]
@@ -167,9 +236,7 @@ def _group_norm(set_name: str) -> list[Sweep]:
             )
             for dt in ("bfloat16", "float32")
         ]
-    return [
-        Sweep("group_norm", set_name, "C", "num channels", (8,), {"M": 2, "H": 4, "num_groups": 2, "dtype": "float32"})
-    ]
+    return [Sweep(op, set_name, "C", "num channels", (8,), {"M": 2, "H": 4, "num_groups": 2, "dtype": "float32"})]
 
 
 def _variant_sweep(op: str, set_name: str, x_label: str, xs: tuple[int, ...], **config: Any) -> Sweep:
@@ -232,7 +299,12 @@ def _rope_variant(op: str, set_name: str) -> list[Sweep]:
     raise ValueError(op)
 
 
-_BUILDERS = {"poly_norm": _poly_norm, "rope": _rope, "group_norm": _group_norm}
+_BUILDERS = {
+    "poly_norm": _poly_norm,
+    "rope": _rope,
+    "group_norm": _group_norm,
+    "group_norm_silu": lambda set_name: _group_norm(set_name, "group_norm_silu"),
+}
 _BUILDERS.update({op: lambda set_name, op=op: _rope_variant(op, set_name) for op in ROPE_VARIANTS})
 
 

@@ -18,6 +18,8 @@ kernels jitted for the interpreter cannot be compiled.
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
 import os
 import re
 import subprocess
@@ -37,6 +39,8 @@ _POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_cooperative_grid")
 CUDA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 CUOBJDUMP = os.path.join(CUDA_BIN, "cuobjdump")
+# Compile workers at most (one per core up to this).
+MAX_WORKERS = 8
 
 
 def _arg_type(a: Any) -> str:
@@ -78,17 +82,31 @@ def record_launches(run) -> dict[tuple, tuple]:
 
 
 def compile_all(seen: dict[tuple, tuple]) -> list[str]:
-    failures = []
-    for key, (kernel, signature, constexprs, options) in seen.items():
-        names = kernel.arg_names
-        src = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constexprs.items()})
-        try:
-            compiled = triton.compile(src, target=TARGET, options=options)
-        except Exception:
-            failures.append(f"{key}\n{traceback.format_exc(limit=1)}")
-            continue
-        failures.extend(_group_norm_one_pass_spills(key, compiled))
-    return failures
+    """Compile each recorded launch; the failures, described.  The compiles
+    are independent and each takes a core for a second or more, so they are
+    spread over the machine's cores (forked workers that inherit ``seen``)."""
+    global _ITEMS
+    _ITEMS = list(seen.items())
+    workers = min(len(os.sched_getaffinity(0)), MAX_WORKERS, len(_ITEMS))
+    if workers < 2:
+        return [f for i in range(len(_ITEMS)) for f in _compile_one(i)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return [f for found in pool.map(_compile_one, range(len(_ITEMS)), chunksize=4) for f in found]
+
+
+# What compile_all hands its forked workers: (key, (kernel, signature, constexprs, options)) pairs.
+_ITEMS: list[tuple] = []
+
+
+def _compile_one(i: int) -> list[str]:
+    key, (kernel, signature, constexprs, options) = _ITEMS[i]
+    names = kernel.arg_names
+    src = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constexprs.items()})
+    try:
+        compiled = triton.compile(src, target=TARGET, options=options)
+    except Exception:
+        return [f"{key}\n{traceback.format_exc(limit=1)}"]
+    return _group_norm_one_pass_spills(key, compiled)
 
 
 def _group_norm_one_pass_spills(key: tuple, compiled: Any) -> list[str]:
@@ -138,7 +156,8 @@ def _launch_group_norm_paths() -> None:
     prefetch), with and without parameters, in the data dtypes with float32
     and own-dtype parameters; and the plans an H200 gets at the diffusion and
     large shapes (one-pass teams with their warps and cooperative launch),
-    which compile_all checks for register spills."""
+    which compile_all checks for register spills; each of these also with
+    activation="silu" where the first two parameter cases and bfloat16 go."""
     from csrc_free_ops.group_norm import launch as gn_launch
     from csrc_free_ops.group_norm import plan as gn_plan
     from csrc_free_ops.group_norm.plan import CudaDevice, Problem
@@ -165,29 +184,32 @@ def _launch_group_norm_paths() -> None:
         x = torch.zeros(2, 16, 40, dtype=dt)
         w = torch.ones(16, dtype=pdt) if affine in ("both", "weight") else None
         b = torch.ones(16, dtype=pdt) if affine in ("both", "bias") else None
-        for backward in (False, True):
-            pb = Problem(2, 16, 40, 4, x.element_size(), w is not None, b is not None, backward)
-            for p in plans(pb) if i < 2 else plans(pb)[:4]:
+        for backward, activation in itertools.product((False, True), ("none", "silu") if i < 2 else ("none",)):
+            pb = Problem(2, 16, 40, 4, x.element_size(), w is not None, b is not None, backward, activation)
+            # one-pass backward with an activation: not planned (plan._cuda_one_pass says why)
+            for p in plans(pb) if i < 2 and not (backward and activation != "none") else plans(pb)[:4]:
                 if backward:
                     gn_launch.backward(x, x, 4, w, b, 1e-5, p)
                 else:
                     gn_launch.forward(x, 4, w, b, 1e-5, p)
-        gn_launch.cuda_forward(x, 4, w, b, 1e-5)
-        gn_launch.cuda_backward(x, x, 4, w, b, 1e-5)
-        gn_launch.npu_forward(x, 4, w, b, 1e-5)
-        gn_launch.npu_backward(x, x, 4, w, b, 1e-5)
+        for activation in ("none", "silu") if i < 2 else ("none",):
+            gn_launch.cuda_forward(x, 4, w, b, 1e-5, activation)
+            gn_launch.cuda_backward(x, x, 4, w, b, 1e-5, activation)
+            gn_launch.npu_forward(x, 4, w, b, 1e-5, activation)
+            gn_launch.npu_backward(x, x, 4, w, b, 1e-5, activation)
 
     h200 = CudaDevice(sms=132, cooperative=True)
     shapes = [(2, 320, 4096), (8, 640, 1024), (16, 1280, 256), (4, 512, 16384), (1, 128, 262144), (8, 512, 4096)]
     w = torch.ones(16, dtype=torch.float32)
     tiles = set()  # one compile per one-pass tile (plans differing only in BLOCK_P compile alike)
-    for dt in (torch.bfloat16, torch.float32):
+    for dt, activation in ((torch.bfloat16, "none"), (torch.float32, "none"), (torch.bfloat16, "silu")):
         x = torch.zeros(2, 16, 40, dtype=dt)
         for n, c, hw in shapes:
             for backward in (False, True):
-                p = gn_plan.cuda(Problem(n, c, hw, 32, x.element_size(), True, True, backward), h200)
+                p = gn_plan.cuda(Problem(n, c, hw, 32, x.element_size(), True, True, backward, activation), h200)
                 ce = dict(p.steps[0].constexprs)
-                tile = (dt, backward, ce.get("BLOCK_C"), ce.get("BLOCK_HW"), ce.get("PREFETCH"), ce.get("EVEN"))
+                tile = (dt, backward, activation, ce.get("BLOCK_C"), ce.get("BLOCK_HW"), ce.get("PREFETCH"),
+                        ce.get("EVEN"))  # fmt: skip
                 if p.path == "one_pass" and tile in tiles:
                     continue
                 tiles.add(tile)
@@ -215,6 +237,11 @@ def _launch_rope_paths() -> None:
                     getattr(rope_launch, f"{prefix}_forward_")(q, k, cos, sin)
         heads_loop = rope_plan.Plan(block_qh=2, block_kh=1, programs=12, num_warps=1)
         rope_launch.forward(q, k, cos, sin, heads_loop)
+        # HF's layout (heads adjacent): its plan, and two rows a program (ROWS > 1).
+        q_hf, k_hf = q.transpose(1, 2).contiguous().transpose(1, 2), k.transpose(1, 2).contiguous().transpose(1, 2)
+        rope_launch.cuda_forward_(q_hf, k_hf, cos, sin)
+        two_rows = rope_plan.Plan(block_qh=4, block_kh=2, programs=6, num_warps=4, split_pairs=True, rows_per_program=2)
+        rope_launch.forward(q_hf, k_hf, cos, sin, two_rows)
         # The options: every position source and pair layout, single tensors, packed tokens.
         table = torch.zeros(16, 32, dtype=dt)
         ids, mrope_ids = torch.zeros(2, 6, dtype=torch.int64), torch.zeros(3, 6, dtype=torch.int32)

@@ -111,17 +111,17 @@ def rope_option_args(shape, dt, pt):
 
 
 def gn_forward_args(shape, dt, pt):
-    """shape: (x shape, groups, affine), affine one of "wb", "w", ""."""
-    x_shape, groups, affine = shape
+    """shape: (x shape, groups, affine[, activation]), affine one of "wb", "w", ""."""
+    x_shape, groups, affine, *activation = shape
     c = x_shape[1]
     w = _t(c, pt) if "w" in affine else None
     b = _t(c, pt) if "b" in affine else None
-    return _t(x_shape, dt), groups, w, b, 1e-5
+    return _t(x_shape, dt), groups, w, b, 1e-5, *activation
 
 
 def gn_backward_args(shape, dt, pt):
-    x, groups, w, b, eps = gn_forward_args(shape, dt, pt)
-    return torch.empty_like(x), x, groups, w, b, eps
+    x, *rest = gn_forward_args(shape, dt, pt)
+    return torch.empty_like(x), x, *rest
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,15 @@ GN_SHAPES = (  # (x shape, groups, affine)
 )
 
 
+GN_SILU_SHAPES = (  # activation="silu": each plan once more, with the activation's extra array in the UB model
+    ((2, 32, 8, 8), 8, "wb", "silu"),  # whole
+    ((2, 32, 8, 8), 8, "", "silu"),
+    ((2, 16, 16, 32), 4, "wb", "silu"),  # whole forward near its UB bound, whole or split backward
+    ((2, 16, 64, 64), 4, "wb", "silu"),  # split: the statistics partials first, then the sums of dz
+    ((1, 512, 32, 32), 1, "w", "silu"),  # split, separate finalize
+)
+
+
 ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs[, tables])
     (4, 64, 8, 16, 128, 128, "cu_seqlens", "interleaved"),  # packed documents, GLM/GPT-J pairs; heads bound by the UB
     (300, 8, 2, 2, 64, 64, "cu_seqlens", "halves"),  # 301 entries: the largest BLOCK_SEQS chunk, searched twice
@@ -189,6 +198,8 @@ def entries() -> list[Entry]:
               ROPE_OPTION_DTYPES),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SHAPES, WITH_FP64),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SHAPES, WITH_FP64),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SILU_SHAPES),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SILU_SHAPES),
     ]
     # fmt: on
 

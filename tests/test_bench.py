@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -263,16 +261,35 @@ def test_the_rope_variant_gpu_command_fits_in_four_minutes():
 
 @ON_CPU
 def test_harness_runs_the_image_shaped_set(tmp_path):
-    argv = ["--device", "cpu", "--ops", "group_norm", "--sets", "tiny_diffusion", "--modes", "forward"]
+    argv = ["--device", "cpu", "--ops", "group_norm,group_norm_silu", "--sets", "tiny_diffusion", "--modes", "forward"]
     argv += ["--timer", "events", "--providers", "liger,torch", "--rep", "1", "--no-plots", "--out", str(tmp_path)]
     assert run.main(argv) == 0
-    records = json.loads((tmp_path / "group_norm.json").read_text())
-    _check_records(records, "group_norm", ("liger", "torch"), ("eager",), "tiny_diffusion")
-    assert {tuple(r["x_values"]) for r in records} == {(8, 16)}
     text = (tmp_path / "summary.md").read_text()
-    assert "| group_norm | tiny_diffusion | (2, 8, 4x4) float32 | forward |" in text
-    assert "| group_norm | tiny_diffusion | (1, 16, 2x3) float32 | forward |" in text
+    for op in ("group_norm", "group_norm_silu"):
+        records = json.loads((tmp_path / f"{op}.json").read_text())
+        _check_records(records, op, ("liger", "torch"), ("eager",), "tiny_diffusion")
+        assert {tuple(r["x_values"]) for r in records} == {(8, 16)}
+        assert f"| {op} | tiny_diffusion | (2, 8, 4x4) float32 | forward |" in text
+        assert f"| {op} | tiny_diffusion | (1, 16, 2x3) float32 | forward |" in text
     assert "no graph run" not in text and "graph: not run" in text  # won needs both timers
+
+
+def test_channels_last_set_builds_channels_last_inputs_and_the_fused_pair_agrees():
+    from bench import providers
+
+    sweep = shapes.sweeps("group_norm_silu", "diffusion_cl")[0]
+    assert sweep.config["layout"] == "channels_last"
+    shape = {**sweep.shape(320), "M": 1, "spatial": [3, 4], "H": 12, "C": 64, "dtype": "float32"}  # CPU-sized
+    x, _, _ = providers.group_norm_inputs(shape, "cpu")
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert shapes.describe(shape, "C") == "(1, 64, 3x4) channels_last"
+    ours = providers.build("group_norm_silu", "liger", shape, "cpu")
+    ref = providers.build("group_norm_silu", "torch", shape, "cpu")
+    assert providers.rel_error(_as_outputs(ours.fn(*ours.args)), _as_outputs(ref.fn(*ref.args))) < 1e-4
+
+
+def _as_outputs(out):
+    return out if isinstance(out, tuple) else (out,)
 
 
 def test_parse_args_rejects_unknown_names():
@@ -552,6 +569,35 @@ def test_host_overhead_floor_and_native_run_forward_and_backward():
         assert all(g is not None and g.shape == i.shape for g, i in zip(grads, built.grad_inputs, strict=True))
 
 
+@ON_CPU
+def test_host_overhead_fast_path_matches_the_op():
+    """The "fast" path (fast_call, what liger_nn calls) computes what torch.ops.liger computes."""
+    from bench import host_overhead
+
+    for op in host_overhead.TINY:
+        liger = host_overhead.build_path(op, "liger", "cpu", "float32")
+        fast = host_overhead.build_path(op, "fast", "cpu", "float32")
+        same_inputs = zip(fast.args, liger.args, strict=True)
+        assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in same_inputs)
+        fast.grad_outputs = liger.grad_outputs
+        for got, want in zip((*fast.forward(), *fast.full()), (*liger.forward(), *liger.full()), strict=True):
+            assert torch.equal(got, want), op
+
+
+def test_host_overhead_steps_table_shows_each_provider_against_native():
+    from bench import host_overhead
+
+    results = {
+        "gn_silu native default": 100.0, "gn_silu opaque default": 150.0, "gn_silu decomposed default": 80.0,
+        ("ratios", "gn_silu opaque default"): 1.5, ("ratios", "gn_silu decomposed default"): 0.8,
+    }  # fmt: skip
+    lines = host_overhead.steps_table(results).splitlines()
+    assert lines[0].split(" | ")[2:] == ["native us", "opaque us", "decomposed us", "opaque / native",
+                                         "decomposed / native |"]  # fmt: skip
+    assert lines[2] == "| gn_silu | default | 100.0 | 150.0 | 80.0 | 1.50x | 0.80x |"
+    assert lines[3] == "| gn_silu | reduce-overhead | - | - | - | - | - |"
+
+
 # --------------------------------------------------------------------------
 # Two trees side by side
 
@@ -596,21 +642,24 @@ def test_compare_trees_alternates_which_tree_goes_first():
 
 
 @ON_CPU
-def test_compare_trees_runs_each_tree_in_its_own_process_with_one_harness(tmp_path):
+def test_compare_trees_runs_each_tree_in_its_own_process_with_one_harness(tmp_path, capsys):
     """Two fake trees (neither holds bench/): the old op returns at once, the new one sleeps
-    50 ms a call.  Each tree's records carry its own version, and the new rows are flagged."""
+    50 ms a call.  Each tree's records carry its own version, and the new rows are flagged.
+    compare_trees itself runs in this process (the trees' harness runs are its subprocesses)."""
     old, new = _fake_tree(tmp_path, "old", 0.0), _fake_tree(tmp_path, "new", 0.05)
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "bench.compare_trees", str(old), str(new), "--out", str(out)]
+    argv = [str(old), str(new), "--out", str(out)]
     argv += ["--ops", "group_norm", "--sets", "tiny", "--modes", "forward", "--timer", "eager", "--rep", "1"]
     argv += ["--old-providers", "liger,torch", "--new-providers", "liger,torch"]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    rc = compare_trees.main(argv)
+    stdout = capsys.readouterr().out
+    logs = "".join(p.read_text() for p in sorted(out.glob("*/*.log")))
+    assert rc == 0, stdout + logs
     for name in ("old", "new"):
         records = json.loads((out / name / "group_norm.json").read_text())
-        assert {r["liger_version"] for r in records} == {f"{name}-tree"}
+        assert {r["liger_version"] for r in records} == {f"{name}-tree"}, logs
     text = (out / "compare.md").read_text()
-    assert text.strip() == done.stdout[done.stdout.index("# New / old") :].strip()
+    assert text.strip() == stdout[stdout.index("# New / old") :].strip()
     rows = [line for line in text.splitlines() if line.startswith("| group_norm | tiny | C=8 float32 | forward |")]
     assert [row.split(" | ")[4] for row in rows] == ["eager"]
     assert float(rows[0].split(" | ")[7]) > 2.0 and rows[0].endswith("SLOWER (> 1.02) |")
@@ -641,3 +690,62 @@ def test_compare_table_pairs_rows_by_shape_mode_and_timer(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA demo is the nox demo session's job")
 def test_demo_cpu():
     assert demo.main([]) == 0
+
+
+# --------------------------------------------------------------------------
+# rope as models hand it over (the model_layout set)
+
+
+def test_model_layout_set_holds_the_issue_shapes():
+    sweeps = shapes.sweeps("rope", "model_layout")
+    got = {(s.config["B"], s.x_values[0], s.config["n_q_heads"], s.config["n_kv_heads"], s.config["head_dim"])
+           for s in sweeps if "doc_lens" not in s.config}  # fmt: skip
+    assert got == {(1, 8192, 32, 8, 128), (2, 4096, 64, 8, 128), (4, 4096, 32, 8, 128), (8, 2048, 16, 16, 64),
+                   (2, 4096, 28, 4, 128)}  # fmt: skip
+    (packed,) = [s for s in sweeps if "doc_lens" in s.config]
+    assert sum(packed.config["doc_lens"]) == packed.x_values[0] == 16384
+    assert all(s.config["layout"] == "model" for s in sweeps)
+    assert shapes.sweeps("poly_norm", "model_layout") == shapes.sweeps("group_norm", "model_layout") == []
+
+
+def test_model_layout_inputs_are_views_of_projections_and_liger_takes_the_in_place_path():
+    from bench import providers
+    from liger_nn.rope import rotates_in_place
+
+    for sweep in shapes.sweeps("rope", "tiny_model_layout"):
+        shape = sweep.shape(sweep.x_values[0])
+        built = providers.build("rope", "liger", shape, "cpu")
+        q, k = providers.model_views(*built.args[:2], shape)
+        assert q.shape == (shape["B"], shape["n_q_heads"], shape["T"], shape["head_dim"])
+        assert q.stride()[1] == shape["head_dim"] and rotates_in_place(q, k)
+        assert (
+            nbytes.min_bytes("rope", shape, "forward")
+            == 2 * (q.numel() + k.numel()) * 4 + 2 * built.args[2].numel() * 4
+        )
+        outs = built.forward()
+        assert outs[0].data_ptr() == built.args[0].data_ptr(), "the liger provider did not rotate in place"
+
+
+@ON_CPU
+def test_harness_runs_the_model_layout_set_into_one_archive(tmp_path):
+    import tarfile
+
+    out, archive = tmp_path / "rope_layout", tmp_path / "rope_layout.tar.gz"
+    argv = ["--device", "cpu", "--ops", "rope", "--sets", "tiny_model_layout", "--modes", "forward,full"]
+    argv += ["--timer", "eager", "--providers", "liger,torch", "--rep", "1", "--no-plots", "--out", str(out)]
+    assert run.main([*argv, "--archive", str(archive)]) == 0
+    records = json.loads((out / "rope.json").read_text())
+    _check_records(records, "rope", ("liger", "torch"), ("eager",), "tiny_model_layout")
+    assert json.loads((out / "rope_skips.json").read_text()) == []
+    text = (out / "summary.md").read_text()
+    assert "| rope | tiny_model_layout | T=4 tiny float32 | forward |" in text
+    assert "| rope | tiny_model_layout | T=8 packed float32 | full |" in text
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == sorted(
+            ["rope_layout", *(f"rope_layout/{n}" for n in ("rope.json", "rope_skips.json", "summary.md"))]
+        )
+
+
+def test_the_model_layout_gpu_command_fits_in_four_minutes():
+    args = run.parse_args(["--ops", "rope", "--sets", "model_layout", "--timer", "graph,eager"])
+    assert run.estimate_seconds(args, shapes.sweeps("rope", "model_layout"), 10.0, 50.0) < 240

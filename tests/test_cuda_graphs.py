@@ -3,7 +3,8 @@ GroupNorm, rope, and their backward ops)
 
 * under torch.compile(mode="reduce-overhead") runs under CUDA graphs: no
   "skipping cudagraphs" (Inductor's skip counter stays 0, and with
-  ``triton.cudagraph_or_error`` a skip would raise), and matches eager;
+  ``triton.cudagraph_or_error`` a skip would raise), and its outputs and
+  gradients are as close to a float64 run of the same model as float32 allows;
 * captured by hand with torch.cuda.graph, forward and backward, replays to
   the eager result on new inputs.
 """
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from liger_nn import GroupNorm, PolyNorm
+from tests.helpers import assert_close_to_ref
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 RTOL = ATOL = 1e-5  # same kernels on the same inputs; cuBLAS may pick another algorithm inside a capture
@@ -60,10 +62,14 @@ def _close(got, want, what):
 
 
 def test_reduce_overhead_runs_under_cuda_graphs(caplog):
+    """The compiled graph is judged against float64 truth with float32's tolerances, not against eager float32:
+    Inductor lowers the model's nn.Linear layers to other matmul calls than eager's (on the H200, inp.weight's
+    gradient differed from eager's by 4.5e-05 in 9 of 8192 elements), which says nothing about our ops.  The
+    model's float32 errors against float64 are about 1e-6 relative (interpreter, CPU), 20x inside the bounds."""
     from torch._dynamo.utils import counters
 
     model = Small().cuda()
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model).double()
     torch._dynamo.reset()
     counters.clear()
     torch._logging.set_logs(cudagraphs=True)
@@ -75,10 +81,12 @@ def test_reduce_overhead_runs_under_cuda_graphs(caplog):
                 model.zero_grad(set_to_none=True)
                 out = compiled(x, cos, sin)
                 out.pow(2).sum().backward()
-                want_out, want_grads = _eager(reference, x, cos, sin)
-                _close(out, want_out, f"step {step} output")
+                want_out, want_grads = _eager(reference, x.double(), cos.double(), sin.double())
+                assert_close_to_ref(out, want_out, torch.float32, f"step {step} output")
                 for name, grad in want_grads.items():
-                    _close(model.get_parameter(name).grad, grad, f"step {step} grad of {name}")
+                    assert_close_to_ref(
+                        model.get_parameter(name).grad, grad, torch.float32, f"step {step} grad of {name}"
+                    )
     finally:
         torch._logging.set_logs()
         torch._dynamo.reset()

@@ -143,6 +143,17 @@ def test_group_norm_batch_and_whole_group_channels_need_no_communication(mesh, s
     assert w.grad.placements == b.grad.placements == (param_grad,)
 
 
+@pytest.mark.parametrize("at", [Shard(0), Shard(1)])
+def test_group_norm_silu_keeps_the_placements(mesh, at):
+    """The activation is elementwise after the statistics: the same rules hold."""
+    x = _dt(mesh, (8, 8, 6), [at])
+    w, b = _dt(mesh, (8,), [R]), _dt(mesh, (8,), [R])
+    y, n = _comms(lambda: liger.group_norm(x, 4, w, b, 1e-5, activation="silu"))
+    assert (y.placements, n) == ((at,), 0)
+    assert _backward(mesh, y) == 0
+    assert x.grad.placements == (at,)
+
+
 @pytest.mark.parametrize("shape,num_groups,at", [((2, 12, 6), 6, Shard(1)), ((2, 8, 6), 2, Shard(1)),
                                                   ((2, 8, 8), 4, Shard(2))])  # fmt: skip
 def test_group_norm_split_groups_and_spatial_shards_are_redistributed(mesh, shape, num_groups, at):

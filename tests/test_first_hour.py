@@ -55,25 +55,37 @@ def test_triton_interpret_set_after_triton_was_imported_fails_at_import_saying_w
     assert "before anything imports triton" in done.stderr
 
 
-def test_an_interpreter_that_cannot_run_the_kernels_beside_this_numpy_fails_at_import(monkeypatch):
-    """Triton 3.6's interpreter int()s 1-element arrays, which NumPy 2.4.6 refuses (seen on the
-    H200 machine: every loop starting at tl.program_id failed); 3.7 squeezes them first."""
+def _numpy_refuses_int_of_a_1d_array() -> bool:
     import numpy as np
+
+    try:
+        int(np.array([0]))
+    except TypeError:
+        return True
+    return False
+
+
+def test_an_interpreter_that_cannot_run_the_kernels_beside_this_numpy_fails_at_import(monkeypatch):
+    """Triton 3.6's interpreter int()s 1-element arrays, which NumPy 2.4.6 and later refuse (seen on the
+    H200 machine: every loop starting at tl.program_id failed); 3.7 squeezes them first.  Checked for this
+    machine's Triton and for either side of 3.7, beside this machine's NumPy: the refusal is expected exactly
+    when Triton is older than 3.7 and NumPy refuses."""
     import triton
 
     from csrc_free_ops import interpreter
 
+    numpy_refuses = _numpy_refuses_int_of_a_1d_array()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert interpreter.blocker() is None  # this machine's triton (3.7+)
-    interpreter.check_interpreter_runs()
-    monkeypatch.setattr(triton, "__version__", "3.6.0")
-    try:
-        int(np.array([0]))
-    except TypeError:
-        with pytest.raises(RuntimeError, match=r"Triton 3\.6\.0's interpreter cannot run .*triton>=3\.7"):
+    for version in (triton.__version__, "3.6.0", "3.7.0"):
+        monkeypatch.setattr(triton, "__version__", version)
+        if numpy_refuses and interpreter._major_minor(version) < (3, 7):
+            assert interpreter.blocker() is not None, version
+            refused = rf"Triton {re.escape(version)}'s interpreter cannot run .*triton>=3\.7"
+            with pytest.raises(RuntimeError, match=refused):
+                interpreter.check_interpreter_runs()
+        else:
+            assert interpreter.blocker() is None, version
             interpreter.check_interpreter_runs()
-    else:
-        assert interpreter.blocker() is None  # an older NumPy still converts them
     monkeypatch.delenv("TRITON_INTERPRET")
     interpreter.check_interpreter_runs()  # not asked for: nothing to refuse
 
@@ -183,8 +195,13 @@ def test_metadata_declares_numpy_and_one_transformers_range():
     assert _version(low) <= _version(pinned) < _version(high), "the tests session's transformers is in the range"
     from liger_nn.patching import TESTED_TRANSFORMERS_VERSIONS
 
-    assert low in TESTED_TRANSFORMERS_VERSIONS and pinned in TESTED_TRANSFORMERS_VERSIONS, TESTED_TRANSFORMERS_VERSIONS
-    assert all(_version(low) <= _version(v) < _version(high) for v in TESTED_TRANSFORMERS_VERSIONS)
+    newest = nox_constant("TRANSFORMERS_NEWEST").split("==")[1]
+    tested = TESTED_TRANSFORMERS_VERSIONS
+    assert {low, pinned, newest} <= set(tested), ("nox -s transformers runs these", tested)
+    assert all(_version(low) <= _version(v) < _version(high) for v in tested)
+    assert _version(newest) == max(map(_version, tested)), "the newest end is the newest version tested"
+    # The range ends right after the newest release tested: "<5.26" for 5.25.x.
+    assert _version(high)[:2] == (_version(newest)[0], _version(newest)[1] + 1), (high, newest)
 
 
 # --- layering ----------------------------------------------------------------

@@ -49,6 +49,14 @@ NPU_BRANCHES = [
     ("bwd_dx_kernel", {"FUSED": True, "HAS_W": True}),
     ("bwd_dx_kernel", {"FUSED": False, "HAS_W": False}),
     ("reduce_param_grads_kernel", {"HAS_W": True, "HAS_B": True}),  # group_norm's (poly_norm's has no HAS_W)
+    # group_norm's activation="silu": each tile kernel with it, and the backward's statistics pass
+    ("fwd_whole_kernel", {"ACTIVATION": "silu"}),
+    ("bwd_whole_kernel", {"ACTIVATION": "silu"}),
+    ("fwd_apply_kernel", {"ACTIVATION": "silu"}),
+    ("bwd_partials_kernel", {"ACTIVATION": "silu", "HAS_DY": False}),
+    ("bwd_finalize_kernel", {"HAS_DY": False}),
+    ("bwd_partials_kernel", {"ACTIVATION": "silu", "HAS_DY": True}),
+    ("bwd_dx_kernel", {"ACTIVATION": "silu"}),
 ]
 
 
