@@ -362,10 +362,10 @@ def _tensor_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
     return tuple(positions)
 
 
-def _function(name: str, **methods: Callable) -> type:
-    """A torch.autograd.Function subclass called ``name`` with these static methods."""
+def _function(name: str, base: type = torch.autograd.Function, **methods: Callable) -> type:
+    """A ``base`` (torch.autograd.Function) subclass called ``name`` with these static methods."""
     body = {k: staticmethod(v) for k, v in methods.items()}
-    return type(name, (torch.autograd.Function,), {"__qualname__": name, **body})
+    return type(name, (base,), {"__qualname__": name, **body})
 
 
 def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
@@ -400,9 +400,29 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     def jvp(ctx, *tangents):
         return _jvp(op, ctx.jvp_primals, tangents)
 
+    def forward_in_transforms(*args):
+        return _below_autograd_in_transforms(op, args)
+
+    def setup_context_in_transforms(ctx, inputs, output):
+        setup_context(ctx, inputs, output)
+        if forward_ad._current_level >= 0:
+            ctx.jvp_primals = inputs
+
     # Named when created: autograd names the graph's node class (grad_fn) after it then.
     Formula = _function(f"{name}_autograd", forward=forward, backward=formula_backward, jvp=jvp)
-    apply = _apply_on_this_level(Formula)
+    # The same formula as a single-level Function in the setup_context style, the form torch's own
+    # functorch rules apply under a transform's layer (torch 2.14's C++ Function.apply sends a
+    # torch.autograd.Function there back into functorch); plain eager calls keep the combined
+    # style, whose apply skips Function.apply's per-call signature binding.
+    FormulaInTransforms = _function(
+        Formula.__name__,
+        torch.autograd.function._SingleLevelFunction,
+        forward=forward_in_transforms,
+        setup_context=setup_context_in_transforms,
+        backward=formula_backward,
+        jvp=jvp,
+    )
+    apply = _apply_on_this_level(Formula, FormulaInTransforms)
 
     tensor_positions = _tensor_positions(op)
 
@@ -507,13 +527,15 @@ def _any_tensor(values: Any) -> bool:
 JVP_RULES: dict[torch._ops.OpOverload, Callable] = {}
 
 
-def _apply_on_this_level(formula: type) -> Callable:
+def _apply_on_this_level(formula: type, formula_in_transforms: type) -> Callable:
     """formula.apply, except under torch.func transforms: there Function.apply
     would detour into functorch (meant for a Function applied to wrapped
-    tensors from user code), so the C++ apply it ends in otherwise is called,
+    tensors from user code), so the C++ apply it ends in otherwise is called
+    on ``formula_in_transforms`` (the same formula as a single-level
+    Function with a setup_context),
     allowed under a transform's layer the way torch's own functorch rules
     apply their single-level Functions."""
-    single_level = super(torch.autograd.Function, formula).apply
+    single_level = formula_in_transforms.apply
 
     def apply(*args):
         if not torch._C._are_functorch_transforms_active():
