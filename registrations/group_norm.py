@@ -5,8 +5,10 @@ group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, *, activation="none"
     float32/bfloat16/float16/float64, with C divisible by num_groups.  weight
     and bias are optional (C,) tensors on x's device, each of any of those
     dtypes, independent of x (float32 parameters with half-precision
-    activations are the usual mixed-precision set-up).  y is contiguous, with
-    x's shape and dtype.  Gradients flow to x, weight and bias, each in its
+    activations are the usual mixed-precision set-up).  y has x's shape and
+    dtype, and x's layout when x is channels-last (torch.channels_last,
+    channels_last_3d, or dense with channels innermost), read in place;
+    contiguous otherwise (csrc_free_ops/group_norm/layout.py).  Gradients flow to x, weight and bias, each in its
     input's dtype; the backward op is differentiable too (second-order
     gradients through the reference).  activation="silu" returns
     silu(group_norm(x)) from the same pass (diffusion models' norm -> SiLU
@@ -14,14 +16,15 @@ group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, *, activation="none"
 group_norm_backward(grad_out, x, num_groups, weight, bias, eps, *, activation="none") -> (dx, dweight, dbias)
     grad_out has x's shape and device (any float dtype).  dweight / dbias are
     None where weight / bias are, else in their dtype; both are reduced
-    deterministically.
+    deterministically.  dx has y's layout; grad_out of another layout is
+    copied to it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from csrc_free_ops.group_norm import launch, reference
+from csrc_free_ops.group_norm import launch, layout, reference
 from registrations import _checks
 from registrations._library import (
     Entries,
@@ -75,13 +78,13 @@ def _check_backward(
 
 
 def _fake(x, num_groups, weight, bias, eps, activation="none"):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return layout.empty_output(x)
 
 
 def _backward_fake(grad_out, x, num_groups, weight, bias, eps, activation="none"):
     dweight = weight.new_empty(weight.shape) if weight is not None else None
     dbias = bias.new_empty(bias.shape) if bias is not None else None
-    return torch.empty_like(x, memory_format=torch.contiguous_format), dweight, dbias
+    return layout.empty_output(x), dweight, dbias
 
 
 GROUP_NORM = define_op(

@@ -171,27 +171,31 @@ def _launch_group_norm_paths() -> None:
             gn_plan.looped(pb, 64, 3, None, None, ("evict_last", "evict_first"), reduce),
             gn_plan.split(pb, block_c, block_hw, chunk, 5, 4, True, reduce),  # finalize
             gn_plan.split(pb, block_c, 64, 64, 5, 64, True, reduce),  # fused
+        ] + ([] if pb.channels_last else [
             gn_plan.one_pass(pb, 4, 64, 1, 4, True, 16, reduce=reduce),  # masked tiles (cpg 4, hw 40)
             gn_plan.one_pass(pb, 4, 8, 1, 4, False, 16, reduce=reduce),
-        ]
+        ])  # fmt: skip
 
     # Each parameter branch (both, none, weight only, bias only) once, across the data dtypes;
     # one-pass kernels (float32 math only) in the first two, which take both sides of each branch.
     cases = [(torch.bfloat16, torch.float32, "both"), (torch.float32, torch.float32, "none"),
              (torch.bfloat16, torch.bfloat16, "weight"), (torch.float64, torch.bfloat16, "both"),
              (torch.float16, torch.float16, "bias")]  # fmt: skip
+    # The first two cases also channels-last (x read in place: stride_c == 1, its own compile; no one-pass plans).
     for i, (dt, pdt, affine) in enumerate(cases):
-        x = torch.zeros(2, 16, 40, dtype=dt)
         w = torch.ones(16, dtype=pdt) if affine in ("both", "weight") else None
         b = torch.ones(16, dtype=pdt) if affine in ("both", "bias") else None
-        for backward, activation in itertools.product((False, True), ("none", "silu") if i < 2 else ("none",)):
-            pb = Problem(2, 16, 40, 4, x.element_size(), w is not None, b is not None, backward, activation)
-            # one-pass backward with an activation: not planned (plan._cuda_one_pass says why)
-            for p in plans(pb) if i < 2 and not (backward and activation != "none") else plans(pb)[:4]:
-                if backward:
-                    gn_launch.backward(x, x, 4, w, b, 1e-5, p)
-                else:
-                    gn_launch.forward(x, 4, w, b, 1e-5, p)
+        for cl in (False, True) if i < 2 else (False,):
+            x = torch.zeros(2, 40, 16, dtype=dt).movedim(-1, 1) if cl else torch.zeros(2, 16, 40, dtype=dt)
+            for backward, activation in itertools.product((False, True), ("none", "silu") if i < 2 else ("none",)):
+                pb = Problem(2, 16, 40, 4, x.element_size(), w is not None, b is not None, backward, activation, cl)
+                # one-pass backward with an activation: not planned (plan._cuda_one_pass says why)
+                for p in plans(pb) if i < 2 and not (backward and activation != "none") else plans(pb)[:4]:
+                    if backward:
+                        gn_launch.backward(x, x, 4, w, b, 1e-5, p)
+                    else:
+                        gn_launch.forward(x, 4, w, b, 1e-5, p)
+        x = torch.zeros(2, 16, 40, dtype=dt)
         for activation in ("none", "silu") if i < 2 else ("none",):
             gn_launch.cuda_forward(x, 4, w, b, 1e-5, activation)
             gn_launch.cuda_backward(x, x, 4, w, b, 1e-5, activation)
@@ -202,13 +206,15 @@ def _launch_group_norm_paths() -> None:
     shapes = [(2, 320, 4096), (8, 640, 1024), (16, 1280, 256), (4, 512, 16384), (1, 128, 262144), (8, 512, 4096)]
     w = torch.ones(16, dtype=torch.float32)
     tiles = set()  # one compile per one-pass tile (plans differing only in BLOCK_P compile alike)
-    for dt, activation in ((torch.bfloat16, "none"), (torch.float32, "none"), (torch.bfloat16, "silu")):
-        x = torch.zeros(2, 16, 40, dtype=dt)
+    for dt, activation, cl in ((torch.bfloat16, "none", False), (torch.float32, "none", False),
+                               (torch.bfloat16, "silu", False), (torch.bfloat16, "silu", True)):  # fmt: skip
+        x = torch.zeros(2, 40, 16, dtype=dt).movedim(-1, 1) if cl else torch.zeros(2, 16, 40, dtype=dt)
         for n, c, hw in shapes:
             for backward in (False, True):
-                p = gn_plan.cuda(Problem(n, c, hw, 32, x.element_size(), True, True, backward, activation), h200)
+                pb = Problem(n, c, hw, 32, x.element_size(), True, True, backward, activation, cl)
+                p = gn_plan.cuda(pb, h200)
                 ce = dict(p.steps[0].constexprs)
-                tile = (dt, backward, activation, ce.get("BLOCK_C"), ce.get("BLOCK_HW"), ce.get("PREFETCH"),
+                tile = (dt, backward, activation, cl, ce.get("BLOCK_C"), ce.get("BLOCK_HW"), ce.get("PREFETCH"),
                         ce.get("EVEN"))  # fmt: skip
                 if p.path == "one_pass" and tile in tiles:
                     continue

@@ -111,12 +111,13 @@ def rope_option_args(shape, dt, pt):
 
 
 def gn_forward_args(shape, dt, pt):
-    """shape: (x shape, groups, affine[, activation]), affine one of "wb", "w", ""."""
-    x_shape, groups, affine, *activation = shape
+    """shape: (x shape, groups, affine[, activation[, "channels_last"]]), affine one of "wb", "w", ""."""
+    x_shape, groups, affine, activation, *layout = (*shape, "none") if len(shape) == 3 else shape
     c = x_shape[1]
     w = _t(c, pt) if "w" in affine else None
     b = _t(c, pt) if "b" in affine else None
-    return _t(x_shape, dt), groups, w, b, 1e-5, *activation
+    x = _t((x_shape[0], *x_shape[2:], c), dt).movedim(-1, 1) if layout else _t(x_shape, dt)
+    return x, groups, w, b, 1e-5, activation
 
 
 def gn_backward_args(shape, dt, pt):
@@ -169,6 +170,14 @@ GN_SILU_SHAPES = (  # activation="silu": each plan once more, with the activatio
     ((1, 512, 32, 32), 1, "w", "silu"),  # split, separate finalize
 )
 
+GN_CHANNELS_LAST_SHAPES = (  # channels-last x, read in place: the tiles fill along the channels first
+    ((2, 32, 8, 8), 8, "wb", "none", "channels_last"),  # whole
+    ((2, 16, 64, 64), 4, "wb", "none", "channels_last"),  # split
+    ((2, 64, 64, 64), 4, "wb", "silu", "channels_last"),  # split, fused merge, with the activation
+    ((1, 512, 32, 32), 1, "w", "none", "channels_last"),  # split, separate finalize
+    ((2, 32, 4, 8, 8), 8, "wb", "silu", "channels_last"),  # channels_last_3d
+)
+
 
 ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs[, tables])
     (4, 64, 8, 16, 128, 128, "cu_seqlens", "interleaved"),  # packed documents, GLM/GPT-J pairs; heads bound by the UB
@@ -200,6 +209,9 @@ def entries() -> list[Entry]:
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SHAPES, WITH_FP64),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SILU_SHAPES),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SILU_SHAPES),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_CHANNELS_LAST_SHAPES),
+        Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args,
+              GN_CHANNELS_LAST_SHAPES),
     ]
     # fmt: on
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csrc_free_ops.group_norm import launch, plan, reference
+from csrc_free_ops.group_norm import launch, layout, plan, reference
 from csrc_free_ops.group_norm.plan import CudaDevice, Problem
 from csrc_free_ops.host_math import next_pow2
 from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, assert_close_to_scale, compute_dtype
@@ -41,8 +41,8 @@ def group_norm_cases(draw, max_spatial: int = 9, max_hw: int = 400):
     return (draw(st.integers(1, 3)), groups * per_group, *spatial), groups
 
 
-def make_x(shape, dtype, layout="contiguous", offset=0.0):
-    if layout == "channels_last" and len(shape) >= 3:  # channels innermost in memory
+def make_x(shape, dtype, x_layout="contiguous", offset=0.0):
+    if x_layout == "channels_last" and len(shape) >= 3:  # channels innermost in memory
         base = torch.randn((shape[0], *shape[2:], shape[1]), dtype=torch.float32, device=DEVICE)
         x = base.movedim(-1, 1)
     else:
@@ -103,7 +103,7 @@ def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps, acti
 def problem(x, num_groups, weight, bias, backward, activation="none"):
     n, c = x.shape[:2]
     return Problem(n, c, x.numel() // (n * c), num_groups, x.element_size(), weight is not None, bias is not None,
-                   backward, activation)  # fmt: skip
+                   backward, activation, layout.channels_last(x))  # fmt: skip
 
 
 def small_plan(pb: Problem, path: str, tile: int = 16, target_items: int = 64, programs: int = 3,
@@ -142,21 +142,22 @@ def named_grads(dx, dweight, dbias):
     weight_dtype=st.sampled_from(ALL_DTYPES),
     bias_dtype=st.sampled_from(ALL_DTYPES),
     affine=st.sampled_from(AFFINE),
-    layout=st.sampled_from(["contiguous", "channels_last"]),
+    x_layout=st.sampled_from(["contiguous", "channels_last"]),
     eps=st.sampled_from([1e-5, 1e-3]),
 )
-def test_op_forward_and_gradients_match_float64_reference(case, dtype, weight_dtype, bias_dtype, affine, layout, eps):
+def test_op_forward_and_gradients_match_float64_reference(case, dtype, weight_dtype, bias_dtype, affine, x_layout, eps):
     """Any data dtype with weight and bias each of any dtype (fp32 master
     weights under bf16 activations, float64 for gradcheck): y in x's dtype,
     each gradient in its input's dtype, all against float64."""
     shape, groups = case
-    x = make_x(shape, dtype, layout).requires_grad_()
+    x = make_x(shape, dtype, x_layout).requires_grad_()
     weight, bias = make_params(shape[1], affine, weight_dtype, bias_dtype)
     leaves = {"x": x} | {k: v.requires_grad_() for k, v in (("weight", weight), ("bias", bias)) if v is not None}
     dy = torch.randn(shape, dtype=dtype, device=DEVICE)
 
     y = torch.ops.liger.group_norm(x, groups, weight, bias, eps)
     grads = dict(zip(leaves, torch.autograd.grad(y, list(leaves.values()), dy), strict=True))
+    assert y.stride() == grads["x"].stride() == layout.empty_output(x).stride()  # x's layout, as torch's
     check_against_reference(y, grads, x, groups, weight, bias, dy, eps)
 
 
@@ -168,20 +169,24 @@ def test_op_forward_and_gradients_match_float64_reference(case, dtype, weight_dt
     tile=st.sampled_from([8, 32]),
     target_items=st.sampled_from([1, 64]),
     prefetch=st.booleans(),
+    x_layout=st.sampled_from(["contiguous", "channels_last"]),
+    dy_layout=st.sampled_from(["contiguous", "channels_last"]),
 )
-def test_every_path_on_any_shape(case, dtype, affine, path, tile, target_items, prefetch):
+def test_every_path_on_any_shape(case, dtype, affine, path, tile, target_items, prefetch, x_layout, dy_layout):
     """Each path's Plan, with tiles far smaller than a group: looped tiles,
     channel blocks and spatial segments of a group, groups split across
     programs whose partials are merged (fused or by finalize launches), and
-    one-pass teams walking several rows each."""
+    one-pass teams walking several rows each; x read in place in either
+    layout, with grad_out in the same or the other one."""
     shape, groups = case
-    x = make_x(shape, dtype)
+    x = make_x(shape, dtype, "contiguous" if path == "one_pass" else x_layout)  # one-pass: plan.one_pass says why
     weight, bias = make_params(shape[1], affine, torch.float32)
-    dy = torch.randn(shape, dtype=dtype, device=DEVICE)
+    dy = make_x(shape, dtype, dy_layout)
     y, (dx, dweight, dbias) = run_plans(
         x, groups, weight, bias, dy, 1e-5, lambda pb: small_plan(pb, path, tile, target_items, prefetch=prefetch)
     )
     assert (dweight is None) == (weight is None) and (dbias is None) == (bias is None)
+    assert y.stride() == dx.stride() == layout.empty_output(x).stride()
     check_against_reference(y, named_grads(dx, dweight, dbias), x, groups, weight, bias, dy, 1e-5)
 
 
@@ -774,3 +779,45 @@ def test_diffusion_shapes_on_gpu(shape):
     y = torch.ops.liger.group_norm(x, 32, weight, bias)
     grads = dict(zip(("x", "weight", "bias"), torch.autograd.grad(y, (x, weight, bias), dy), strict=True))
     check_against_reference(y, grads, x, 32, weight, bias, dy, 1e-5)
+
+
+@pytest.mark.parametrize("fmt, shape", [(torch.channels_last, (2, 8, 5, 6)), (torch.channels_last_3d, (2, 8, 3, 4, 5))])
+def test_output_and_gradient_layouts_follow_torch(fmt, shape):
+    """y and dx in x's memory format, as torch.nn.functional.group_norm gives
+    them, with channels-last x read in place (no contiguous copy of x)."""
+    x = torch.randn(shape, device=DEVICE).contiguous(memory_format=fmt).requires_grad_()
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    y = torch.ops.liger.group_norm(x, 4, weight, bias)
+    (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    x_torch = x.detach().clone().requires_grad_()
+    y_torch = torch.nn.functional.group_norm(x_torch, 4, weight, bias)
+    y_torch.backward(torch.randn_like(y_torch))
+    assert y.is_contiguous(memory_format=fmt) and y.stride() == y_torch.stride()
+    assert dx.stride() == x_torch.grad.stride()
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "one_pass"])
+@pytest.mark.parametrize("activation", reference.ACTIVATIONS)
+@pytest.mark.parametrize("dy_layout", ["contiguous", "channels_last"])
+def test_every_path_reads_channels_last_in_place(path, activation, dy_layout):
+    """A channels-last x through each path with tiles smaller than a group
+    (channel blocks, spatial tiles and segments), grad_out in either layout:
+    values against float64, y and dx channels-last."""
+    shape, groups = (2, 12, 5, 7), 2
+    x = make_x(shape, torch.float32, "channels_last")
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    dy = make_x(shape, torch.float32, dy_layout)
+    y, (dx, dweight, dbias) = run_plans(
+        x, groups, weight, bias, dy, 1e-5, lambda pb: small_plan(pb, path, 8, 16), activation
+    )
+    assert y.stride() == dx.stride() == x.stride()
+    check_against_reference(y, named_grads(dx, dweight, dbias), x, groups, weight, bias, dy, 1e-5, activation)
+
+
+def test_channels_last_never_plans_one_pass():
+    h200 = CudaDevice(sms=132, cooperative=True)
+    for backward in (False, True):
+        pb = dataclasses.replace(_pb(2, 320, 4096, backward=backward), channels_last=True)
+        assert plan.cuda(pb, h200).path in ("whole", "looped", "split")
+        with pytest.raises(ValueError, match="contiguous x only"):
+            plan.one_pass(pb, 2, 1024, 1, 4, False, 64)

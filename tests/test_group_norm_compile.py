@@ -56,6 +56,36 @@ def test_opcheck_backward(shape, groups, dtype, param_dtype, affine):
     )
 
 
+CHANNELS_LAST = [((3, 6, 5, 7), torch.channels_last), ((2, 4, 3, 2, 5), torch.channels_last_3d)]
+
+
+@pytest.mark.parametrize(("shape", "fmt"), CHANNELS_LAST)
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_opcheck_channels_last_in_either_grad_layout(shape, fmt, activation):
+    """The fake kernels give y and dx x's memory format, as the kernels do;
+    grad_out channels-last or contiguous."""
+    x = torch.randn(shape, device=DEVICE).contiguous(memory_format=fmt).requires_grad_()
+    weight, bias = _params(shape[1], torch.float32, "both", True)
+    kwargs = {"activation": activation}
+    torch.library.opcheck(torch.ops.liger.group_norm.default, (x, 2, weight, bias, 1e-5), kwargs,
+                          test_utils=OPCHECK_UTILS)  # fmt: skip
+    for dy in (torch.randn_like(x), torch.randn(shape, device=DEVICE)):
+        torch.library.opcheck(torch.ops.liger.group_norm_backward.default,
+                              (dy, x.detach(), 2, weight.detach(), bias.detach(), 1e-5), kwargs,
+                              test_utils=OPCHECK_UTILS)  # fmt: skip
+
+
+def test_compile_dynamic_channels_last_keeps_the_layout():
+    torch._dynamo.reset()
+    compiled = torch.compile(_model, fullgraph=True, dynamic=True)
+    weight, bias = _params(8, torch.float32, "both", True)
+    for shape in [(2, 8, 5, 7), (3, 8, 6, 9)]:
+        x = torch.randn(shape, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
+        _check_against_eager(compiled, _model, x, weight, bias)
+        out = compiled(x, weight, bias)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+
+
 def _model(x, weight, bias):
     return torch.ops.liger.group_norm(x * 0.5, 4, weight, bias, 1e-5).square()
 

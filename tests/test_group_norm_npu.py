@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import launch, plan
+from csrc_free_ops.group_norm import launch, layout, plan
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, simulate_ascend
 from tests.privateuse1_backend import scenario_output
 from tests.test_group_norm import (
@@ -47,6 +47,7 @@ def _check(x, groups, weight, bias, dy, eps=1e-5):
     dx, dweight, dbias = launch.npu_backward(dy, x, groups, weight, bias, eps)
     grads = {"x": dx} | {k: v for k, v in (("weight", dweight), ("bias", dbias)) if v is not None}
     assert (dweight is None) == (weight is None) and (dbias is None) == (bias is None)
+    assert y.stride() == dx.stride() == layout.empty_output(x).stride()
     check_against_reference(y, grads, x, groups, weight, bias, dy, eps)
 
 
@@ -60,8 +61,11 @@ def _plan(x, groups, backward, affine=True):
     ("shape", "groups"),
     [((2, 6, 5, 7), 3), ((3, 8), 2), ((2, 4, 3, 5, 3), 1), (MULTI_STEP_SHAPE, 1), (MULTI_STEP_SHAPE, 2)],
 )
-def test_npu_launchers_match_reference(ascend, dtype, shape, groups):
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_npu_launchers_match_reference(ascend, dtype, shape, groups, channels_last):
     x = torch.randn(shape, dtype=dtype)
+    if channels_last and x.dim() >= 3:  # read in place, as on CUDA
+        x = torch.randn((shape[0], *shape[2:], shape[1]), dtype=dtype).movedim(-1, 1)
     weight, bias = make_params(shape[1], "both", torch.float32)
     _check(x, groups, weight, bias, torch.randn_like(x))
 

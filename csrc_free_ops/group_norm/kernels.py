@@ -3,15 +3,21 @@ they both run; the one-pass kernels are CUDA-only (they need every program
 of a team resident at once, which only a cooperative CUDA launch
 guarantees, plan.py).
 
-x is contiguous (N, C, HW) (HW: the product of the spatial sizes), so the
-cpg * HW elements of a (sample, group) ``row`` (row = n * num_groups + g,
-cpg = C // num_groups) are one contiguous run from row * cpg * HW.
+x is dense (N, C, HW) (HW: the product of the spatial sizes) in one of two
+layouts, and y, grad_out and dx share it: contiguous (stride_c = HW,
+stride_s = 1) or channels-last (stride_c = 1, stride_s = C: a position's C
+channels adjacent).  Channel c, position s of the (sample, group) ``row``
+(row = n * num_groups + g, cpg = C // num_groups) lies at ``_row_base(row)
++ c * stride_c + s * stride_s``; contiguous, a row is one run of cpg * HW
+elements.  Triton specializes a stride of 1, so each layout compiles to its
+own unit-stride loads.
 
 The arguments are one contract per direction, the same for every kernel of
 it, so the launch sequence hands each step of a plan the same tuple:
 
-    forward:  (x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps)
-    backward: (grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps)
+    forward:  (x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps)
+    backward: (grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+               num_groups, chunk, eps)
 
 A kernel ignores what it does not need.  ``bias`` reaches the backward
 kernels for the activation's derivative, which needs the normalized and
@@ -143,6 +149,12 @@ def _segment_index(row, num_groups, cpg, C, splits, s):
 
 
 @triton.jit
+def _row_base(row, num_groups, cpg, C, HW, stride_c):
+    """Offset of the first element of the (sample, group) ``row`` (int64)."""
+    return (row // num_groups) * C * HW + (row % num_groups) * cpg * stride_c
+
+
+@triton.jit
 def _merge_group(workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, n_segments,
                  MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr,
                  SUM_DY_D_ROW: tl.constexpr, BWD: tl.constexpr, HAS_W: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -203,7 +215,8 @@ def _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps):
 
 
 @triton.jit
-def _whole_group(x, row, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr):
+def _whole_group(x, row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+                 COMPUTE: tl.constexpr):  # fmt: skip
     """For the (sample, group) ``row`` (int64): the tile's offsets and mask,
     the channel indices within the group and their mask, x - mean (zero
     outside the group) and the variance."""
@@ -211,7 +224,7 @@ def _whole_group(x, row, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     c_mask = ch < cpg
     cols = tl.arange(0, BLOCK_HW)
     mask = c_mask[:, None] & (cols < HW)[None, :]
-    offs = row * cpg * HW + ch[:, None] * HW + cols[None, :]
+    offs = _row_base(row, num_groups, cpg, C, HW, stride_c) + ch[:, None] * stride_c + cols[None, :] * stride_s
     size = _group_size(cpg, HW, COMPUTE)
     xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
     mean = tl.sum(tl.sum(xv, 1), 0) / size
@@ -221,14 +234,16 @@ def _whole_group(x, row, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
 
 @triton.jit
 def fwd_whole_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
     cpg = C // num_groups
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        offs, mask, ch, c_mask, d, var = _whole_group(x, row, cpg, HW, BLOCK_C, BLOCK_HW, COMPUTE)
+        offs, mask, ch, c_mask, d, var = _whole_group(
+            x, row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW, COMPUTE
+        )
         cs = (row % num_groups) * cpg + ch
         scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * _rsqrt_eps(var, eps)
         shift = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
@@ -238,7 +253,8 @@ def fwd_whole_kernel(
 
 @triton.jit
 def bwd_whole_kernel(
-    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+    num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, PARAM_GRADS: tl.constexpr,
     DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     COMPUTE: tl.constexpr,
@@ -250,7 +266,9 @@ def bwd_whole_kernel(
     size = _group_size(cpg, HW, COMPUTE)
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        offs, mask, ch, c_mask, d, var = _whole_group(x, row, cpg, HW, BLOCK_C, BLOCK_HW, COMPUTE)
+        offs, mask, ch, c_mask, d, var = _whole_group(
+            x, row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW, COMPUTE
+        )
         rstd = _rsqrt_eps(var, eps)
         dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
         xhat = d * rstd
@@ -369,7 +387,7 @@ def _member_channels(row, num_groups, cpg, C, splits, cb, s, BLOCK_C: tl.constex
 
 @triton.jit
 def fwd_one_pass_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, MEAN_ROW: tl.constexpr,
     M2_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr, EVEN: tl.constexpr,
     PREFETCH: tl.constexpr, COMPUTE: tl.constexpr,
@@ -378,7 +396,7 @@ def fwd_one_pass_kernel(
     team's barrier (chunk = BLOCK_HW: one tile per member).  EVEN: tiles never
     leave their group (cpg % BLOCK_C == 0 and HW % BLOCK_HW == 0), so no
     masks.  PREFETCH loads the team's next row before waiting, so the wait
-    overlaps those loads."""
+    overlaps those loads.  Contiguous x only (the strides are not read: plan.one_pass)."""
     member = _team_member(N, C, HW, num_groups, chunk, BLOCK_C)
     team, cb, s, team_size, teams, cpg, splits, n_rows, n_segments = member
     cnt = _segment_count(s, HW, chunk).to(COMPUTE)
@@ -409,7 +427,8 @@ def fwd_one_pass_kernel(
 
 @triton.jit
 def bwd_one_pass_kernel(
-    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+    num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, MEAN_ROW: tl.constexpr,
     M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr, EVEN: tl.constexpr,
@@ -483,7 +502,7 @@ def bwd_one_pass_kernel(
 
 
 @triton.jit
-def _group_tile(base, step, h_steps, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+def _group_tile(base, step, h_steps, cpg, HW, stride_c, stride_s, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """The step-th [BLOCK_C, BLOCK_HW] tile of the group starting at base
     (int64), walking positions within a channel block first: its offsets and
     mask, and its channels within the group and their mask."""
@@ -491,18 +510,18 @@ def _group_tile(base, step, h_steps, cpg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: t
     cols = (step % h_steps) * BLOCK_HW + tl.arange(0, BLOCK_HW)
     c_mask = ch < cpg
     mask = c_mask[:, None] & (cols < HW)[None, :]
-    return base + ch[:, None] * HW + cols[None, :], mask, ch, c_mask
+    return base + ch[:, None] * stride_c + cols[None, :] * stride_s, mask, ch, c_mask
 
 
 @triton.jit
-def _looped_sums(x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
+def _looped_sums(x, grad_out, weight, base, first, cpg, HW, stride_c, stride_s, h_steps, steps,
                  HAS_DY: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
                  LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
     """One walk over the group at base whose first channel is first: with
     d = x - k (k the mean of the group's first tile, so that the sums of d
     do not cancel) and g = dy * w, returns k and sum(d), sum(d^2), sum(g),
     sum(g * d); X_EVICT is the L2 eviction policy of the x loads."""
-    offs, mask, _ch, _c_mask = _group_tile(base, 0, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+    offs, mask, _ch, _c_mask = _group_tile(base, 0, h_steps, cpg, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
     first_tile = tl.load(x + offs, mask=mask, other=0.0, eviction_policy=X_EVICT).to(COMPUTE)
     k = tl.sum(tl.sum(first_tile, 1), 0) / tl.sum(tl.sum(mask.to(COMPUTE), 1), 0)
     acc_d = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
@@ -510,7 +529,7 @@ def _looped_sums(x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
     acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
     acc_gd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
     for step in tl.range(0, steps, num_stages=LOOP_STAGES):
-        offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+        offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
         xv = tl.load(x + offs, mask=mask, other=0.0, eviction_policy=X_EVICT).to(COMPUTE)
         d = tl.where(mask, xv - k, 0.0)
         acc_d += d
@@ -526,7 +545,8 @@ def _looped_sums(x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
 
 
 @triton.jit
-def _looped_dz_sums(x, grad_out, weight, bias, base, first, mean, rstd, cpg, HW, h_steps, steps,
+def _looped_dz_sums(x, grad_out, weight, bias, base, first, mean, rstd, cpg, HW, stride_c, stride_s, h_steps,
+                    steps,
                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr,
                     BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
     """One walk over the group at base, its statistics known: with dz = dy
@@ -535,7 +555,7 @@ def _looped_dz_sums(x, grad_out, weight, bias, base, first, mean, rstd, cpg, HW,
     acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
     acc_gd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
     for step in tl.range(0, steps, num_stages=LOOP_STAGES):
-        offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+        offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
         d = tl.where(mask, tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE) - mean, 0.0)
         w = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)[:, None]
         b = _channel_param(bias, first + ch, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)[:, None]
@@ -547,26 +567,26 @@ def _looped_dz_sums(x, grad_out, weight, bias, base, first, mean, rstd, cpg, HW,
 
 
 @triton.jit
-def _looped_stats(x, grad_out, weight, bias, row, num_groups, cpg, HW, h_steps, steps, eps,
+def _looped_stats(x, grad_out, weight, bias, row, num_groups, cpg, C, HW, stride_c, stride_s, h_steps, steps, eps,
                   HAS_DY: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr,
                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr,
                   COMPUTE: tl.constexpr):  # fmt: skip
     """One walk over the (sample, group) row (int64): its first element's
     offset, its first channel, mean and rstd, and with HAS_DY mean(g) and
     mean(g * xhat) (with an ACTIVATION, g from dz, in a second walk)."""
-    base = row * cpg * HW
+    base = _row_base(row, num_groups, cpg, C, HW, stride_c)
     first = (row % num_groups) * cpg
     size = _group_size(cpg, HW, COMPUTE)
     one_walk = HAS_DY and ACTIVATION == "none"
     k, s1, s2, sg, sgd = _looped_sums(
-        x, grad_out, weight, base, first, cpg, HW, h_steps, steps,
+        x, grad_out, weight, base, first, cpg, HW, stride_c, stride_s, h_steps, steps,
         one_walk, HAS_W, BLOCK_C, BLOCK_HW, LOOP_STAGES, X_EVICT, COMPUTE,
     )  # fmt: skip
     mean_d = s1 / size  # mean - k
     rstd = _rsqrt_eps(tl.maximum(s2 - s1 * mean_d, 0.0) / size, eps)
     if HAS_DY and ACTIVATION != "none":
         sg, sgd = _looped_dz_sums(
-            x, grad_out, weight, bias, base, first, k + mean_d, rstd, cpg, HW, h_steps, steps,
+            x, grad_out, weight, bias, base, first, k + mean_d, rstd, cpg, HW, stride_c, stride_s, h_steps, steps,
             HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, LOOP_STAGES, COMPUTE,
         )  # fmt: skip
         return base, first, k + mean_d, rstd, sg / size, rstd * sgd / size
@@ -575,7 +595,7 @@ def _looped_stats(x, grad_out, weight, bias, row, num_groups, cpg, HW, h_steps, 
 
 @triton.jit
 def fwd_looped_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, STATS_EVICT: tl.constexpr, OUTPUT_EVICT: tl.constexpr,
     COMPUTE: tl.constexpr,
@@ -589,11 +609,13 @@ def fwd_looped_kernel(
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         base, first, mean, rstd, _mg, _mgx = _looped_stats(
-            x, x, weight, bias, tl.cast(row, tl.int64), num_groups, cpg, HW, h_steps, steps, eps,
+            x, x, weight, bias, tl.cast(row, tl.int64), num_groups, cpg, C, HW, stride_c, stride_s, h_steps, steps, eps,
             False, False, False, "none", BLOCK_C, BLOCK_HW, LOOP_STAGES, STATS_EVICT, COMPUTE,
         )  # fmt: skip
         for i in tl.range(0, steps, num_stages=LOOP_STAGES):
-            offs, mask, ch, c_mask = _group_tile(base, steps - 1 - i, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+            offs, mask, ch, c_mask = _group_tile(
+                base, steps - 1 - i, h_steps, cpg, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW
+            )
             scale = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * rstd
             shift = _channel_param(bias, first + ch, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
             xv = tl.load(x + offs, mask=mask, other=0.0, eviction_policy=OUTPUT_EVICT).to(COMPUTE)
@@ -603,7 +625,8 @@ def fwd_looped_kernel(
 
 @triton.jit
 def bwd_looped_kernel(
-    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+    num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, PARAM_GRADS: tl.constexpr,
     DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
@@ -619,14 +642,14 @@ def bwd_looped_kernel(
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
         base, first, mean, rstd, mg, mgx = _looped_stats(
-            x, grad_out, weight, bias, row, num_groups, cpg, HW, h_steps, steps, eps,
+            x, grad_out, weight, bias, row, num_groups, cpg, C, HW, stride_c, stride_s, h_steps, steps, eps,
             True, HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, LOOP_STAGES, "", COMPUTE,
         )  # fmt: skip
         acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
         acc_b = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
         for i in tl.range(0, steps, num_stages=LOOP_STAGES):
             step = steps - 1 - i
-            offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, BLOCK_C, BLOCK_HW)
+            offs, mask, ch, c_mask = _group_tile(base, step, h_steps, cpg, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
             w = _channel_param(weight, first + ch, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
             xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
             dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
@@ -650,7 +673,7 @@ def bwd_looped_kernel(
 
 
 @triton.jit
-def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, w, b, mean, rstd, HAS_DY: tl.constexpr,
+def _shifted_sums(x, grad_out, rows, c_mask, start, HW, stride_s, chunk, w, b, mean, rstd, HAS_DY: tl.constexpr,
                   ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
                   COMPUTE: tl.constexpr):  # fmt: skip
     """Over one segment of each channel row (rows: offsets of the channels'
@@ -658,7 +681,7 @@ def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, w, b, mean, rstd,
     sum(d^2), sum(dy), sum(dy * d) with d = x - k, each of shape [BLOCK_C].
     With an ACTIVATION, dy is first taken through it at z = (x - mean) *
     rstd * w + b (the group's statistics, the channels' w and b)."""
-    k = tl.load(x + rows + start, mask=c_mask, other=0.0).to(COMPUTE)
+    k = tl.load(x + rows + start * stride_s, mask=c_mask, other=0.0).to(COMPUTE)
     acc_d = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
     acc_dd = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
     acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
@@ -666,7 +689,7 @@ def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, w, b, mean, rstd,
     for step in range(0, chunk, BLOCK_HW):
         cols = start + step + tl.arange(0, BLOCK_HW)
         mask = c_mask[:, None] & (cols < HW)[None, :]
-        offs = rows[:, None] + cols[None, :]
+        offs = rows[:, None] + cols[None, :] * stride_s
         xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
         d = tl.where(mask, xv - k[:, None], 0.0)
         acc_d += d
@@ -681,28 +704,46 @@ def _shifted_sums(x, grad_out, rows, c_mask, start, HW, chunk, w, b, mean, rstd,
 
 
 @triton.jit
-def _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C: tl.constexpr):
+def _split_item(item, num_groups, cpg, C, HW, stride_c, c_blocks, splits, chunk, BLOCK_C: tl.constexpr):
     """Of a work item: its row, the channel offsets' of its block within the
     group and their mask, the offsets of those channels' first elements, its
     segment, the segment's first position and its index in a segment row."""
     row, cb, s = _item_coords(item, c_blocks, splits)
     ch = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = ch < cpg
-    return row, ch, c_mask, (row * cpg + ch) * HW, s, s * chunk
+    return row, ch, c_mask, _row_base(row, num_groups, cpg, C, HW, stride_c) + ch * stride_c, s, s * chunk
 
 
 @triton.jit
 def fwd_partials_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Each segment's per-channel mean and M2."""
     cpg, c_blocks, splits, _n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        row, ch, c_mask, rows, s, start = _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C)
+        row, ch, c_mask, rows, s, start = _split_item(
+            item, num_groups, cpg, C, HW, stride_c, c_blocks, splits, chunk, BLOCK_C
+        )
         k, s1, s2, _, _ = _shifted_sums(
-            x, x, rows, c_mask, start, HW, chunk, 1.0, 0.0, 0.0, 1.0, False, "none", BLOCK_C, BLOCK_HW, COMPUTE
+            x,
+            x,
+            rows,
+            c_mask,
+            start,
+            HW,
+            stride_s,
+            chunk,
+            1.0,
+            0.0,
+            0.0,
+            1.0,
+            False,
+            "none",
+            BLOCK_C,
+            BLOCK_HW,
+            COMPUTE,
         )
         cnt = _segment_count(s, HW, chunk).to(COMPUTE)
         seg = _segment_index(row, num_groups, cpg, C, splits, s) + ch
@@ -712,7 +753,8 @@ def fwd_partials_kernel(
 
 @triton.jit
 def bwd_partials_kernel(
-    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+    num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, HAS_DY: tl.constexpr,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr,
     STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
@@ -723,7 +765,9 @@ def bwd_partials_kernel(
     run without HAS_DY and bwd_finalize_kernel's have stored them)."""
     cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        row, ch, c_mask, rows, s, start = _split_item(item, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C)
+        row, ch, c_mask, rows, s, start = _split_item(
+            item, num_groups, cpg, C, HW, stride_c, c_blocks, splits, chunk, BLOCK_C
+        )
         w = 1.0
         b = 0.0
         mean = 0.0
@@ -735,8 +779,8 @@ def bwd_partials_kernel(
             mean = tl.load(workspace + STATS_ROW * n_segments + row)
             rstd = tl.load(workspace + STATS_ROW * n_segments + n_rows + row)
         k, s1, s2, sg, sgd = _shifted_sums(
-            x, grad_out, rows, c_mask, start, HW, chunk, w, b, mean, rstd, HAS_DY, ACTIVATION, BLOCK_C, BLOCK_HW,
-            COMPUTE,
+            x, grad_out, rows, c_mask, start, HW, stride_s, chunk, w, b, mean, rstd, HAS_DY, ACTIVATION, BLOCK_C,
+            BLOCK_HW, COMPUTE,
         )  # fmt: skip
         cnt = _segment_count(s, HW, chunk).to(COMPUTE)
         d_mean = s1 / cnt
@@ -750,7 +794,7 @@ def bwd_partials_kernel(
 
 @triton.jit
 def fwd_finalize_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
@@ -770,7 +814,8 @@ def fwd_finalize_kernel(
 
 @triton.jit
 def bwd_finalize_kernel(
-    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+    num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_DY: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
     SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr,
     COMPUTE: tl.constexpr,
@@ -798,7 +843,7 @@ def bwd_finalize_kernel(
 
 @triton.jit
 def fwd_apply_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
     FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, MEAN_ROW: tl.constexpr,
     M2_ROW: tl.constexpr,
     STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -811,7 +856,7 @@ def fwd_apply_kernel(
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
         row, ch, c_mask, rows, s, start = _split_item(
-            n_items - 1 - i, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C
+            n_items - 1 - i, num_groups, cpg, C, HW, stride_c, c_blocks, splits, chunk, BLOCK_C
         )
         if FUSED:
             mean, m2, _, _ = _merge_group(
@@ -828,7 +873,7 @@ def fwd_apply_kernel(
         for step in range(0, chunk, BLOCK_HW):
             cols = start + step + tl.arange(0, BLOCK_HW)
             mask = c_mask[:, None] & (cols < HW)[None, :]
-            offs = rows[:, None] + cols[None, :]
+            offs = rows[:, None] + cols[None, :] * stride_s
             xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
             out = _activate(xv * scale[:, None] + shift[:, None], ACTIVATION)
             tl.store(y + offs, _narrow(out, y.dtype.element_ty), mask=mask)
@@ -836,7 +881,8 @@ def fwd_apply_kernel(
 
 @triton.jit
 def bwd_dx_kernel(
-    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+    num_groups, chunk, eps,
     FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
     SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
@@ -852,7 +898,7 @@ def bwd_dx_kernel(
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
         row, ch, c_mask, rows, s, start = _split_item(
-            n_items - 1 - i, num_groups, cpg, c_blocks, splits, HW, chunk, BLOCK_C
+            n_items - 1 - i, num_groups, cpg, C, HW, stride_c, c_blocks, splits, chunk, BLOCK_C
         )
         if FUSED:
             mean, m2, sum_g, sum_gd = _merge_group(
@@ -880,7 +926,7 @@ def bwd_dx_kernel(
         for step in range(0, chunk, BLOCK_HW):
             cols = start + step + tl.arange(0, BLOCK_HW)
             mask = c_mask[:, None] & (cols < HW)[None, :]
-            offs = rows[:, None] + cols[None, :]
+            offs = rows[:, None] + cols[None, :] * stride_s
             xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
             dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
             if ACTIVATION != "none":
@@ -894,7 +940,8 @@ def bwd_dx_kernel(
 
 @triton.jit
 def reduce_param_grads_kernel(
-    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, num_groups, chunk, eps,
+    grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
+    num_groups, chunk, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip

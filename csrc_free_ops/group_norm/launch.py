@@ -8,8 +8,11 @@ them):
 * ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
 
 The sequence runs a plan's steps in order, each with the direction's one
-argument tuple (kernels.py; the activation is a constexpr of the plan's): x and grad_out made contiguous and viewed as
-(N, C, HW), the workspace and barrier counters the plan asks for.  The op
+argument tuple (kernels.py; the activation is a constexpr of the plan's): x
+read in place when contiguous or channels-last (layout.py; otherwise copied
+to contiguous), grad_out in x's layout, y and dx made in it, all viewed as
+(N, C, HW) with the layout's strides, and the workspace and barrier counters
+the plan asks for.  The op
 is host-bound on small shapes, so a call does little Python: the CUDA entry
 finds its plan under a key of plain ints, and each plan's launchers
 (``csrc_free_ops.launcher``) are built once.
@@ -22,7 +25,7 @@ import functools
 import torch
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import kernels, plan, reference
+from csrc_free_ops.group_norm import kernels, layout, plan, reference
 from csrc_free_ops.group_norm.plan import CudaDevice, Plan, Problem
 from csrc_free_ops.launcher import Launcher, placeholder, tracing
 
@@ -48,6 +51,13 @@ def _launches(p: Plan) -> tuple[tuple[Launcher, int], ...]:
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _read(x: torch.Tensor, p: Plan) -> torch.Tensor:
+    """x in the layout p was planned for (a channels-last x the planner was
+    not told of is copied, never misread)."""
+    x, is_channels_last = layout.as_read(x)
+    return x if is_channels_last == p.channels_last else layout.like(x, p.channels_last)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -77,6 +87,11 @@ def _sizes(x: torch.Tensor) -> tuple[int, int, int]:
     return n, c, x.numel() // (n * c)
 
 
+def _dims(x: torch.Tensor, p: Plan) -> tuple[int, int, int, int, int]:
+    """The kernels' (N, C, HW, stride_c, stride_s) of x, read in p's layout."""
+    return (*_sizes(x), *layout.strides(x, p.channels_last))
+
+
 def forward(
     x: torch.Tensor,
     num_groups: int,
@@ -85,18 +100,18 @@ def forward(
     eps: float,
     p: Plan,
 ) -> torch.Tensor:
-    """y (contiguous, x's shape and dtype) by the steps of p."""
-    x = _contiguous(x)
-    y = torch.empty_like(x)  # contiguous, as x now is (the cheapest allocation on the host)
+    """y (x's shape, dtype and layout: layout.py) by the steps of p."""
+    x = _read(x, p)
+    y = layout.empty_output(x)
     if x.numel() == 0:
         return y
     w = _contiguous(weight) if weight is not None else placeholder(x)
     b = _contiguous(bias) if bias is not None else placeholder(x)
-    args = (x, w, b, y, *_buffers(p, x), *_sizes(x), num_groups, p.chunk, eps)
+    args = (x, w, b, y, *_buffers(p, x), *_dims(x, p), num_groups, p.chunk, eps)
     steps = _steps(p, args, x)
     if steps is None:  # a one-pass kernel that would not be resident: the plan's two-walk fallback
         p = p.fallback
-        args = (x, w, b, y, *_buffers(p, x), *_sizes(x), num_groups, p.chunk, eps)
+        args = (x, w, b, y, *_buffers(p, x), *_dims(x, p), num_groups, p.chunk, eps)
         steps = _launches(p)
     for launcher, grid in steps:
         launcher(grid, *args)
@@ -110,27 +125,28 @@ def backward(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
-    p: Plan,
+    p: Plan | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(dx, dweight or None, dbias or None) by the steps of p; dx in x's
-    dtype, dweight / dbias in their parameter's."""
-    x = _contiguous(x)
-    dy = _contiguous(grad_out)
-    dx = torch.empty_like(x)
-    if x.numel() == 0:
-        return (dx, torch.zeros_like(weight) if weight is not None else None,
+    """(dx, dweight or None, dbias or None) by the steps of p (None for an
+    empty x); dx in x's dtype and layout, dweight / dbias in their
+    parameter's."""
+    if p is None:
+        return (layout.empty_output(x), torch.zeros_like(weight) if weight is not None else None,
                 torch.zeros_like(bias) if bias is not None else None)  # fmt: skip
+    x = _read(x, p)
+    dy = layout.like(grad_out, p.channels_last)
+    dx = layout.empty_output(x)
     dweight, dbias = _param_grads(weight, bias, x.shape[1], x.device)
     w = _contiguous(weight) if weight is not None else placeholder(x)
     b = _contiguous(bias) if bias is not None else placeholder(x)
     dw = placeholder(x) if dweight is None else dweight
     db = placeholder(x) if dbias is None else dbias
     tensors = (dy, x, w, b, dx, dw, db)
-    args = (*tensors, *_buffers(p, x), *_sizes(x), num_groups, p.chunk, eps)
+    args = (*tensors, *_buffers(p, x), *_dims(x, p), num_groups, p.chunk, eps)
     steps = _steps(p, args, x)
     if steps is None:  # a one-pass kernel that would not be resident: the plan's two-walk fallback
         p = p.fallback
-        args = (*tensors, *_buffers(p, x), *_sizes(x), num_groups, p.chunk, eps)
+        args = (*tensors, *_buffers(p, x), *_dims(x, p), num_groups, p.chunk, eps)
         steps = _launches(p)
     for launcher, grid in steps:
         launcher(grid, *args)
@@ -202,12 +218,13 @@ def _cuda_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: boo
     dev = x.device
     sms = device.sms_of(x)
     n, c, hw = _sizes(x)
-    key = (n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation, dev, sms)
+    cl = layout.channels_last(x)
+    key = (n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation, cl, dev, sms)
     p = _CUDA_PLANS.get(key)
     if p is None:
         if len(_CUDA_PLANS) >= MAX_CACHED:
             _CUDA_PLANS.clear()
-        problem = Problem(n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation)
+        problem = Problem(n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation, cl)
         p = _CUDA_PLANS[key] = plan.cuda(problem, _cuda_device(dev, sms))
     return p
 
@@ -221,7 +238,7 @@ def cuda_forward(
     activation: str = "none",
 ) -> torch.Tensor:
     if x.numel() == 0:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return layout.empty_output(x)
     return forward(x, num_groups, weight, bias, eps, _cuda_plan(x, num_groups, weight is not None, bias is not None,
                                                                 False, activation))  # fmt: skip
 
@@ -248,7 +265,8 @@ def _npu_float64(*tensors: torch.Tensor | None) -> bool:
 
 def _npu_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool,
               activation: str) -> Plan:  # fmt: skip
-    problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward, activation)
+    problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward, activation,
+                      layout.channels_last(x))  # fmt: skip
     return plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
@@ -263,7 +281,7 @@ def npu_forward(
     if _npu_float64(x, weight, bias):
         return reference.forward(x, num_groups, weight, bias, eps, activation)
     if x.numel() == 0:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return layout.empty_output(x)
     return forward(x, num_groups, weight, bias, eps, _npu_plan(x, num_groups, weight is not None, bias is not None,
                                                                False, activation))  # fmt: skip
 

@@ -123,13 +123,15 @@ class Plan:
     team_size: int = 0
     max_rounds: int = 0
     fallback: Plan | None = None
+    channels_last: bool = False  # the layout it reads (layout.py), its problem's
 
 
 @dataclass(frozen=True)
 class Problem:
     """A call's sizes: x as (n, c, hw) in num_groups groups, x's element size,
-    which parameters are given, the direction, and the activation applied
-    after the normalization ("none" or "silu")."""
+    which parameters are given, the direction, the activation applied
+    after the normalization ("none" or "silu"), and whether x is read
+    channels-last (layout.py)."""
 
     n: int
     c: int
@@ -140,6 +142,7 @@ class Problem:
     has_bias: bool
     backward: bool
     activation: str = "none"
+    channels_last: bool = False
 
     @property
     def cpg(self) -> int:
@@ -278,7 +281,19 @@ def _reduce_step(pb: Problem, layout: Layout, part_rows: int, block_r: int, bloc
 def _plan(pb: Problem, path: str, steps: list[Step], chunk: int, layout: Layout, **extra) -> Plan:
     splits = cdiv(pb.hw, chunk)
     workspace = layout.elements(pb.n * splits * pb.c, pb.rows)
-    return Plan(path, tuple(steps), chunk, layout, workspace, **extra)
+    return Plan(path, tuple(steps), chunk, layout, workspace, **extra, channels_last=pb.channels_last)
+
+
+def tile_shape(pb: Problem, tile: int, max_block_hw: int) -> tuple[int, int]:
+    """(block_c, block_hw) of a [channels, positions] tile of at most
+    ``tile`` elements within a group, filled along x's unit-stride axis
+    first: positions of one channel contiguous, the group's channels of
+    one position channels-last (so that its loads stay coalesced)."""
+    if pb.channels_last:
+        block_c = min(next_pow2(pb.cpg), tile)
+        return block_c, min(next_pow2(pb.hw), max_block_hw, max(1, tile // block_c))
+    block_hw = min(next_pow2(pb.hw), max_block_hw, tile)
+    return min(next_pow2(pb.cpg), max(1, tile // block_hw)), block_hw
 
 
 def whole_fits(pb: Problem, max_tile: int) -> bool:
@@ -313,8 +328,7 @@ def looped(pb: Problem, tile: int, grid: int, warps: int | None, stages: int | N
            reduce: tuple[int, int, int, tuple]) -> Plan:  # fmt: skip
     """One program per row walking it in tiles of at most ``tile`` elements.
     evict: the forward's (STATS_EVICT, OUTPUT_EVICT)."""
-    block_hw = min(next_pow2(pb.hw), tile)
-    block_c = min(next_pow2(pb.cpg), max(1, tile // block_hw))
+    block_c, block_hw = tile_shape(pb, tile, tile)
     block = (("BLOCK_C", block_c), ("BLOCK_HW", block_hw), ("LOOP_STAGES", stages))
     options = () if warps is None else (("num_warps", warps),)
     if not pb.backward:
@@ -328,8 +342,7 @@ def split_geometry(pb: Problem, tile: int, max_block_hw: int, target_items: int)
     """(block_c, block_hw, chunk) of split items: [block_c, block_hw] tiles
     of at most ``tile`` elements within a group, and the spatial axis cut
     into segments until there are about ``target_items`` items."""
-    block_hw = min(next_pow2(pb.hw), max_block_hw, tile)
-    block_c = min(next_pow2(pb.cpg), max(1, tile // block_hw))
+    block_c, block_hw = tile_shape(pb, tile, max_block_hw)
     hw_blocks = cdiv(pb.hw, block_hw)
     base_items = pb.rows * cdiv(pb.cpg, block_c)
     splits = max(1, min(hw_blocks, cdiv(target_items, base_items)))
@@ -427,7 +440,11 @@ def one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | 
              reduce: tuple[int, int, int, tuple] = (1, 1, 1, ()), maxnreg: int | None = None) -> Plan:  # fmt: skip
     """A team of cdiv(cpg, block_c) * cdiv(hw, block_hw) programs per row,
     ``teams`` teams (at least one, at most one per row).  warps / maxnreg
-    None: no such launch option."""
+    None: no such launch option.  Contiguous x only: the one-pass kernels
+    address a group as one run (two more stride registers made the masked
+    backward spill on sm_90, the CUDA compile check)."""
+    if pb.channels_last:
+        raise ValueError("group_norm: one-pass plans read contiguous x only; plan channels-last x another path")
     size = team_size(pb, block_c, block_hw)
     teams = max(1, min(pb.rows, teams))
     splits = cdiv(pb.hw, block_hw)
@@ -497,8 +514,8 @@ def _cuda_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan) -> Plan | None:
     gives the problem ONE_PASS_FILL members per SM (else the smallest tile),
     with PREFETCH where teams have several rows, if by the estimated
     registers its rounds of resident teams are at most ONE_PASS_MAX_ROUNDS."""
-    if not dev.cooperative or pb.compute != tl.float32 or pb.cpg * pb.hw >= 2**31:
-        return None  # (in-tile offsets are int32)
+    if not dev.cooperative or pb.compute != tl.float32 or pb.cpg * pb.hw >= 2**31 or pb.channels_last:
+        return None  # in-tile offsets are int32; one_pass says why not channels-last
     if pb.backward and pb.activation != "none":
         # Not planned yet: sm_90 compiles of bwd_one_pass_kernel with an activation spill (a loop-invariant
         # scalar across its row loop, 8 bytes of stack, the CUDA compile check), and with PREFETCH the

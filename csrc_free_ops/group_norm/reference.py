@@ -3,8 +3,8 @@
 x has shape (N, C, *); the statistics of each (sample, group) pair run over
 C // G channels and every spatial position, with the biased variance.  Math
 runs in float32 (float64 when x is float64), whatever the parameters'
-dtypes; y comes back in x's dtype and dweight / dbias in the dtype of
-weight / bias.  Both functions are built from differentiable torch ops, so
+dtypes; y and dx come back in x's dtype and layout (layout.py) and dweight /
+dbias in the dtype of weight / bias.  Both functions are built from differentiable torch ops, so
 autograd through ``backward`` gives exact second-order gradients
 (registrations/group_norm.py makes the backward op differentiable that way).
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from csrc_free_ops.group_norm import layout
 
 ACTIVATIONS = ("none", "silu")
 
@@ -70,7 +72,7 @@ def forward(
     z = _affine(xhat, x, weight, bias, ct)
     if activation == "silu":
         z = z * torch.sigmoid(z)
-    return z.to(x.dtype)
+    return layout.like(z.to(x.dtype), layout.channels_last(x))
 
 
 def backward(
@@ -94,7 +96,7 @@ def backward(
     dxhat = _grouped(dxhat, num_groups, ct)
     m1 = dxhat.mean(-1, keepdim=True)
     m2 = (dxhat * xhat).mean(-1, keepdim=True)
-    dx = (rstd * (dxhat - m1 - xhat * m2)).reshape(x.shape).to(x.dtype)
+    dx = layout.like((rstd * (dxhat - m1 - xhat * m2)).reshape(x.shape).to(x.dtype), layout.channels_last(x))
     per_channel = tuple(d for d in range(x.dim()) if d != 1)
     dweight = None
     if weight is not None:
