@@ -265,8 +265,11 @@ def _npu_float64(*tensors: torch.Tensor | None) -> bool:
 
 def _npu_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool,
               activation: str) -> Plan:  # fmt: skip
-    problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward, activation,
-                      layout.channels_last(x))  # fmt: skip
+    """A contiguous plan: on the NPU a channels-last x goes through a copy
+    (``npu_forward``), since bishengir turns a tile whose last axis is
+    strided -- the channels-last [channels, positions] tile -- into gathers
+    that overflow the unified buffer (the Ascend compile check)."""
+    problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward, activation)
     return plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
 
 
@@ -282,8 +285,8 @@ def npu_forward(
         return reference.forward(x, num_groups, weight, bias, eps, activation)
     if x.numel() == 0:
         return layout.empty_output(x)
-    return forward(x, num_groups, weight, bias, eps, _npu_plan(x, num_groups, weight is not None, bias is not None,
-                                                               False, activation))  # fmt: skip
+    p = _npu_plan(x, num_groups, weight is not None, bias is not None, False, activation)
+    return layout.like(forward(x, num_groups, weight, bias, eps, p), layout.channels_last(x))  # y in x's layout
 
 
 def npu_backward(
@@ -298,4 +301,5 @@ def npu_backward(
     if _npu_float64(grad_out, x, weight, bias):
         return reference.backward(grad_out, x, num_groups, weight, bias, eps, activation)
     p = _npu_plan(x, num_groups, weight is not None, bias is not None, True, activation) if x.numel() else None
-    return backward(grad_out, x, num_groups, weight, bias, eps, p)
+    dx, dweight, dbias = backward(grad_out, x, num_groups, weight, bias, eps, p)
+    return layout.like(dx, layout.channels_last(x)), dweight, dbias

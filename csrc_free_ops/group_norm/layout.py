@@ -12,7 +12,9 @@ x is viewed as (N, C, HW).  Two layouts are read without a copy:
 y and dx come back in x's layout, as ``torch.nn.functional.group_norm``
 returns them; any other x (a strided view) is copied to contiguous first,
 and its y and dx are contiguous.  grad_out is read in place when it has
-x's layout, else copied to it.
+x's layout, else copied to it.  The NPU entries read channels-last x
+through a contiguous copy and copy y and dx back (launch._npu_plan says
+why); CUDA reads it in place.
 """
 
 from __future__ import annotations
