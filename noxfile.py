@@ -68,7 +68,7 @@ NEWEST_TESTS = [
     "tests/test_poly_norm.py", "tests/test_rope.py", "tests/test_rope_variants.py", "tests/test_rope_inplace.py",
     "tests/test_group_norm.py", "tests/test_poly_norm_compile.py", "tests/test_rope_compile.py",
     "tests/test_group_norm_compile.py", "tests/test_library.py", "tests/test_launcher.py", "tests/test_patching.py",
-    "tests/test_fuzz.py", "tests/test_cuda_compile.py",
+    "tests/test_fuzz.py", "tests/test_cuda_compile.py", "tests/test_functorch.py",
 ]  # fmt: skip
 # The Ascend compiler without CANN: triton-ascend installs as the `triton`
 # package and needs pybind11 undeclared; ascendnpu-ir ships bishengir-compile.
