@@ -415,11 +415,16 @@ def test_resident_ctas_follows_the_occupancy_limits():
 @pytest.mark.parametrize("backward", [False, True])
 @pytest.mark.parametrize("shape", [*DIFFUSION, (8, 512, 4096)])
 def test_cuda_plans_one_pass_teams_at_large_groups(shape, backward, itemsize):
-    """Large groups take the one-pass path on a GPU: one team per row (the
-    launch caps it at what is resident), a cooperative launch, one zeroed
-    barrier counter per row, and a two-walk fallback."""
+    """Large groups take the one-pass path on a GPU, except where x is small
+    and the looped path has rows enough (measured faster there): one team
+    per row (the launch caps it at what is resident), a cooperative launch,
+    one zeroed barrier counter per row, and a two-walk fallback."""
     pb = _pb(*shape, itemsize=itemsize, backward=backward)
     p = plan.cuda(pb, H200)
+    small = math.prod(shape) * itemsize < plan.ONE_PASS_MIN_BYTES
+    if small and plan.cuda_two_walk(pb, H200.sms).path == "looped":
+        assert p.path == "looped"
+        return
     assert p.path == "one_pass" and p.fallback is not None and p.fallback.path in ("looped", "split")
     step = p.steps[0]
     c, o = dict(step.constexprs), dict(step.options)
@@ -677,8 +682,11 @@ def test_one_pass_on_gpu_matches_reference(shape, dtype):
     x = make_x(shape, dtype, offset=1.0)
     weight, bias = make_params(shape[1], "both", torch.float32)
     dy = torch.randn_like(x)
-    plans = {bw: plan.cuda(problem(x, 32, weight, bias, bw), launch._cuda_device(x.device, 132)) for bw in (0, 1)}
-    assert all(p.path == "one_pass" for p in plans.values()), {k: p.path for k, p in plans.items()}
+    dev = launch._cuda_device(x.device, 132)
+    pbs = {bw: problem(x, 32, weight, bias, bw) for bw in (0, 1)}
+    # The planner's one-pass choice, also where small x runs looped instead (plan.ONE_PASS_MIN_BYTES).
+    plans = {bw: plan._cuda_one_pass(pb, dev, plan.cuda_two_walk(pb, dev.sms)) for bw, pb in pbs.items()}
+    assert all(p is not None and p.path == "one_pass" for p in plans.values())
     y = launch.forward(x, 32, weight, bias, 1e-5, plans[0])
     grads = launch.backward(dy, x, 32, weight, bias, 1e-5, plans[1])
     check_against_reference(y, named_grads(*grads), x, 32, weight, bias, dy, 1e-5)
@@ -757,7 +765,8 @@ def test_one_pass_grid_is_capped_at_the_compiled_kernels_residency_or_falls_back
     y = launch.forward(x, 32, weight, bias, 1e-5, p)
     (hit,) = [v for v in launch._CAPPED.values() if v[0] is p]
     (launcher, grid), *_ = hit[1]
-    compiled = launcher.compiled_for(x, weight, bias, y, *launch._buffers(p, x), *launch._sizes(x), 32, p.chunk, 1e-5)
+    compiled = launcher.compiled_for(x, weight, bias, y, *launch._buffers(p, x), *launch._dims(x, p), 32, p.chunk,
+                                     1e-5)  # fmt: skip
     props = torch.cuda.get_device_properties(x.device)
     per_sm = plan.resident_ctas(launch._cuda_device(x.device, props.multi_processor_count),
                                 compiled.metadata.num_warps, compiled.n_regs, compiled.metadata.shared)  # fmt: skip

@@ -21,10 +21,11 @@ group) is a *row* of cpg = C // num_groups channels x HW positions.  Paths
   (``FUSE_MIN_CHUNK_PER_PARTIAL``).
 
 CUDA picks, in order: whole (if the group fits and there are enough rows to
-fill the SMs, or no one-pass plan is possible); one-pass (if the device
-allows it -- a real GPU, float32 math, not a backward with an activation
--- and it needs at most ONE_PASS_MAX_ROUNDS rounds of resident teams); looped (enough rows per
-SM); split.  The NPU: whole if it fits the unified buffer, else split (its
+fill the SMs, or no one-pass plan is possible); looped (enough rows per SM
+and x under ``ONE_PASS_MIN_BYTES``: measured faster than one-pass there); one-pass
+(if the device allows it -- a real GPU, contiguous x, float32 math, not a
+backward with an activation -- and it needs at most ONE_PASS_MAX_ROUNDS
+rounds of resident teams); split.  The NPU: whole if it fits the unified buffer, else split (its
 one-pass and looped paths are not used: see docs/npu.md).
 
 One-pass residency, and why its barrier cannot deadlock.  A team's
@@ -200,6 +201,15 @@ ONE_PASS_WARPS = {False: 4, True: 4}
 ONE_PASS_FILL = 4
 ONE_PASS_MAX_ROUNDS = 32
 ONE_PASS_PREFETCH = True
+# Below this many bytes of x, where the looped path has enough rows it runs
+# instead of one-pass: the one shape measured, (2, 320, 64, 64) bf16 forward
+# (2.6 MB) on the H200, took 12.4 us looped against 15.0 one-pass in graph
+# replay and 11.5 against 43.9 eager (the one-pass launch costs more host
+# time: a zeroed counter buffer and a cooperative launch), per
+# bench/results/2026-12-04-3c1d261/probe_group_norm_partial_f145bd9.log.
+# Larger x keeps one-pass (x read once), unmeasured: a first guess, to be
+# set from `python -m bench.probe_group_norm`.
+ONE_PASS_MIN_BYTES = 16 * 2**20
 # Registers per thread of a one-pass member, for planning only: a fit to
 # sm_90 compiles of the kernels (cuobjdump -res-usage; 4 warps, tiles that
 # stay in their group): about 64 plus 1 per fp32 value it holds forward, 3
@@ -548,6 +558,8 @@ def cuda(pb: Problem, dev: CudaDevice) -> Plan:
             return plan
         return _cuda_one_pass(pb, dev, plan) or plan
     two_walk = cuda_two_walk(pb, dev.sms)
+    if two_walk.path == "looped" and pb.n * pb.c * pb.hw * pb.itemsize < ONE_PASS_MIN_BYTES:
+        return two_walk
     return _cuda_one_pass(pb, dev, two_walk) or two_walk
 
 
