@@ -45,7 +45,9 @@ def _group_norm_model(provider: str, device: str, dtype: Any) -> Any:
     layers = []
     for _ in range(LAYERS):
         layers += [norm(4, 8), nn.SiLU()]
-    model = nn.Sequential(*layers).to(device)
+    # Parameters in x's dtype: torch's CUDA GroupNorm refuses bf16 x with float32 weights
+    # ("expected scalar type BFloat16 but found Float", torch 2.11 on the H200).
+    model = nn.Sequential(*layers).to(device=device, dtype=dtype)
     x = torch.randn(2, 8, 16, device=device, dtype=dtype, requires_grad=True)
     return model, (x,)
 
