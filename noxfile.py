@@ -62,14 +62,6 @@ HF_TESTS = ["tests/test_patching.py", "tests/test_e2e_training.py", "tests/test_
 # alone gets it.  CI keeps CPU_PINS.
 NEWEST_PINS = ["torch==2.14.1", "triton==3.8.0"]
 NEWEST_TRITON_BESIDE = "triton==3.9.0"
-# Every op's tests, compile, opcheck (test_library), the patcher, fuzz, and the sm_90 compile check
-# (tests/cuda_compile_check.py through test_cuda_compile.py), one file at a time in one pytest.
-NEWEST_TESTS = [
-    "tests/test_poly_norm.py", "tests/test_rope.py", "tests/test_rope_variants.py", "tests/test_rope_inplace.py",
-    "tests/test_group_norm.py", "tests/test_poly_norm_compile.py", "tests/test_rope_compile.py",
-    "tests/test_group_norm_compile.py", "tests/test_library.py", "tests/test_launcher.py", "tests/test_patching.py",
-    "tests/test_fuzz.py", "tests/test_cuda_compile.py", "tests/test_functorch.py",
-]  # fmt: skip
 # The Ascend compiler without CANN: triton-ascend installs as the `triton`
 # package and needs pybind11 undeclared; ascendnpu-ir ships bishengir-compile.
 # torch (the CPU wheel) is there because some kernel modules import it for their
@@ -150,8 +142,8 @@ def diffusers(session: nox.Session, end: str) -> None:
 @nox.session
 @nox.parametrize("triton", ["3.8", "3.9"], ids=["triton38", "triton39"])
 def newest(session: nox.Session, triton: str) -> None:
-    """NEWEST_TESTS (or the paths after --) with torch 2.14.1 and Triton 3.8.0, or Triton 3.9.0
-    beside them, on the CPU under the interpreter."""
+    """The whole CPU suite (or the paths after --) with torch 2.14.1 and Triton 3.8.0, or Triton
+    3.9.0 beside them, on the CPU under the interpreter (the sm_90 compile check included)."""
     _install(session, "the newest torch and Triton: " + ", ".join([*NEWEST_PINS, TRANSFORMERS]),
              *NEWEST_PINS, TRANSFORMERS)  # fmt: skip
     _install(session, "this project (editable) with its test extra", "-e", ".[test]")
@@ -164,8 +156,7 @@ def newest(session: nox.Session, triton: str) -> None:
         env["PYTHONPATH"] = str(beside)
     session.run("python", "-c", "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)",
                 env=env)  # fmt: skip
-    paths_given = any(a.startswith("tests") for a in session.posargs)
-    session.run("python", "-m", "pytest", "-q", *([] if paths_given else NEWEST_TESTS), *session.posargs, env=env)
+    session.run("python", "-m", "pytest", "-q", *session.posargs, env=env)
 
 
 # Where `nox -s gpu` writes its junit XML report unless GPU_JUNIT_XML or a --junitxml argument says otherwise:

@@ -171,23 +171,33 @@ def test_op_forward_and_gradients_match_float64_reference(case, dtype, weight_dt
     prefetch=st.booleans(),
     x_layout=st.sampled_from(["contiguous", "channels_last"]),
     dy_layout=st.sampled_from(["contiguous", "channels_last"]),
+    activation=st.sampled_from(reference.ACTIVATIONS),
 )
-def test_every_path_on_any_shape(case, dtype, affine, path, tile, target_items, prefetch, x_layout, dy_layout):
+def test_every_path_on_any_shape(case, dtype, affine, path, tile, target_items, prefetch, x_layout, dy_layout,
+                                 activation):  # fmt: skip
     """Each path's Plan, with tiles far smaller than a group: looped tiles,
     channel blocks and spatial segments of a group, groups split across
     programs whose partials are merged (fused or by finalize launches), and
     one-pass teams walking several rows each; x read in place in either
-    layout, with grad_out in the same or the other one."""
+    layout, with grad_out in the same or the other one; with and without
+    the fused SiLU."""
     shape, groups = case
     x = make_x(shape, dtype, "contiguous" if path == "one_pass" else x_layout)  # one-pass: plan.one_pass says why
     weight, bias = make_params(shape[1], affine, torch.float32)
     dy = make_x(shape, dtype, dy_layout)
     y, (dx, dweight, dbias) = run_plans(
-        x, groups, weight, bias, dy, 1e-5, lambda pb: small_plan(pb, path, tile, target_items, prefetch=prefetch)
+        x,
+        groups,
+        weight,
+        bias,
+        dy,
+        1e-5,
+        lambda pb: small_plan(pb, path, tile, target_items, prefetch=prefetch),
+        activation,
     )
     assert (dweight is None) == (weight is None) and (dbias is None) == (bias is None)
     assert y.stride() == dx.stride() == layout.empty_output(x).stride()
-    check_against_reference(y, named_grads(dx, dweight, dbias), x, groups, weight, bias, dy, 1e-5)
+    check_against_reference(y, named_grads(dx, dweight, dbias), x, groups, weight, bias, dy, 1e-5, activation)
 
 
 @pytest.mark.parametrize("path", ["whole", "split"])

@@ -91,15 +91,23 @@ def _inputs():
     return q, k, torch.randn(1, 3, 4, generator=gen), torch.randn(1, 3, 4, generator=gen)
 
 
-def test_kernelize_routes_a_matching_function_layer(kernels):
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """HF's rotary function (transformers' modeling files), for kernelize to match."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
+
+def _kernelized_hf_attention(kernels):
+    """(an attention layer whose rotary is HF's, kernelized with our mapping; its output before)."""
     model, _ = _attention_with(kernels, apply_rotary_pos_emb)
     want = model(*_inputs())
     with kernels.use_kernel_mapping(liger_nn.hub.kernel_mapping()):
         kernels.kernelize(model, mode=kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE)
+    return model, want
+
+
+def test_kernelize_routes_a_matching_function_layer(kernels):
+    model, want = _kernelized_hf_attention(kernels)
     model(*_inputs())  # the first call checks the function (the check runs the op too)
     with LigerOpCounter() as counter:
         got = model(*_inputs())
@@ -140,14 +148,7 @@ def test_use_liger_kernels_without_kernels_says_what_to_install(monkeypatch):
 def test_kernelized_layer_is_captured_whole_by_torch_compile(kernels):
     """After the check (here: the first eager call), dynamo captures the op in one graph."""
 
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-    model, _ = _attention_with(kernels, apply_rotary_pos_emb)
-    want = model(*_inputs())
-    with kernels.use_kernel_mapping(liger_nn.hub.kernel_mapping()):
-        kernels.kernelize(model, mode=kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE)
+    model, want = _kernelized_hf_attention(kernels)
     model(*_inputs())
     graphs = []
 
