@@ -206,7 +206,7 @@ ONE_PASS_PREFETCH = True
 # (2.6 MB) on the H200, took 12.4 us looped against 15.0 one-pass in graph
 # replay and 11.5 against 43.9 eager (the one-pass launch costs more host
 # time: a zeroed counter buffer and a cooperative launch), per
-# bench/results/2026-12-04-3c1d261/probe_group_norm_partial_f145bd9.log.
+# bench/results/2026-12-04-bab4732/probe_group_norm_partial.log.
 # Larger x keeps one-pass (x read once), unmeasured: a first guess, to be
 # set from `python -m bench.probe_group_norm`.
 ONE_PASS_MIN_BYTES = 16 * 2**20
