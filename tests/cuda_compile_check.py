@@ -106,7 +106,19 @@ def _compile_one(i: int) -> list[str]:
         compiled = triton.compile(src, target=TARGET, options=options)
     except Exception:
         return [f"{key}\n{traceback.format_exc(limit=1)}"]
-    return _group_norm_one_pass_spills(key, compiled)
+    return _group_norm_one_pass_spills(key, compiled) + _approximate_float64(key, compiled)
+
+
+# PTX's approximate float64 instructions: ~2^-35 relative where the float64 references expect ~1e-15.
+APPROXIMATE_F64 = re.compile(r"\b(rsqrt|rcp|sqrt|div|ex2|lg2|sin|cos)\.approx[.\w]*\.f64\b")
+
+
+def _approximate_float64(key: tuple, compiled: Any) -> list[str]:
+    """A float64 kernel must compute in float64: Triton lowers
+    tl.math.rsqrt of a float64 to rsqrt.approx.f64, which missed the
+    float64 references on the H100 (csrc_free_ops/kernel_math.py)."""
+    found = sorted(set(m.group(0) for m in APPROXIMATE_F64.finditer(compiled.asm["ptx"])))
+    return [f"{key}: approximate float64 instructions {found}"] if found else []
 
 
 def _group_norm_one_pass_spills(key: tuple, compiled: Any) -> list[str]:

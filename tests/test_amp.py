@@ -1,9 +1,9 @@
 """Automatic mixed precision: under torch.autocast (bfloat16), a model with
 float32 parameters whose activations come out of autocast's bfloat16 matmuls
-trains through the ops, its loss and gradients matching the same model built
-from the torch / HF reference layers (nn.GroupNorm, PolyNorm written in
-torch, transformers' apply_rotary_pos_emb) under the same autocast, within
-bfloat16 tolerance.
+trains through the ops, its loss and gradients within bfloat16 tolerance of
+the same model run in float64, as the model built from the torch / HF
+reference layers (nn.GroupNorm, PolyNorm written in torch, transformers'
+apply_rotary_pos_emb) under the same autocast is.
 
 The ops take no Autocast kernel, by design: they compute in float32 whatever
 the data's dtype, take parameters (and, with the dtype policy, rope's tables)
@@ -26,9 +26,12 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope  # noqa: E402
 
 STEPS = 2  # losses of both steps compared, gradients of the first
-# Two bfloat16 computations of the same model, each off the exact value by
-# bfloat16 rounding at every layer (each ~1.5e-2 from a float32 run here):
-# ||a - b|| / ||b|| per gradient, and the loss.
+# Each bfloat16 run against the same model run in float64 without autocast:
+# ||a - exact|| / ||exact|| per gradient, and the loss.  Two bfloat16 runs can
+# sit on opposite sides of the exact value, so they are never compared with
+# each other; the torch-layer model is held to the same bounds, which shows
+# they are what bfloat16 autocast reaches (here the layers' models came within
+# 0.8% of the float64 loss and 3.2% of its gradients, ops and torch alike).
 GRAD_RTOL, LOSS_RTOL = 4e-2, 1e-2
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
@@ -72,55 +75,66 @@ def _tables(seq: int, device: str):
     return emb.cos().to(device), emb.sin().to(device)  # float32, as HF's rotary embedding returns them
 
 
-def _train(model: nn.Module, device: str):
-    model = model.to(device)
+def _train(model: nn.Module, device: str, exact: bool = False):
+    """Losses of STEPS SGD steps and the parameters' gradients, under
+    bfloat16 autocast, or (exact) in float64 without autocast."""
+    model = model.to(device, torch.float64 if exact else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # AdamW turns bf16 noise in tiny grads into lr-sized steps
     gen = torch.Generator().manual_seed(1)
     cos, sin = _tables(6, device)
+    dtype = torch.float64 if exact else torch.float32
+    cos, sin = cos.to(dtype), sin.to(dtype)
     losses, grads = [], []
     for _ in range(STEPS):
-        x = torch.randn(2, 6, 16, generator=gen).to(device)
-        target = torch.randn(2, 2, 6, generator=gen).to(device)
-        with torch.autocast(device, dtype=torch.bfloat16):
+        x = torch.randn(2, 6, 16, generator=gen).to(device, dtype)
+        target = torch.randn(2, 2, 6, generator=gen).to(device, dtype)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=not exact):
             out = model(x, cos, sin)
-            assert out.dtype == torch.bfloat16, "autocast's matmuls should produce bfloat16 here"
-            loss = (out.float() - target).pow(2).mean()
+            assert out.dtype == (torch.float64 if exact else torch.bfloat16), "autocast's matmuls give bfloat16 here"
+            loss = (out.to(dtype) - target).pow(2).mean()
         loss.backward()
         losses.append(loss.item())
-        grads.append({n: p.grad.detach().float().clone() for n, p in model.named_parameters()})
+        grads.append({n: p.grad.detach().double().clone() for n, p in model.named_parameters()})
         grads[-1]["dbias_terms"] = model.dbias_terms
-        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert all(p.dtype == dtype for p in model.parameters())
         opt.step()
         opt.zero_grad()
     return losses, grads
 
 
-def _assert_match(got, want):
-    for step, (loss, ref) in enumerate(zip(got[0], want[0], strict=True)):
-        assert abs(loss - ref) <= LOSS_RTOL * abs(ref), f"step {step}: loss {loss} vs reference {ref}"
-        terms = want[1][step].pop("dbias_terms")
-        got[1][step].pop("dbias_terms")
-        if step > 0:  # after a step the two models' parameters differ by the first step's rounding too
+def _assert_near_exact(got, exact, who: str):
+    for step, (loss, ref) in enumerate(zip(got[0], exact[0], strict=True)):
+        assert abs(loss - ref) <= LOSS_RTOL * abs(ref), f"{who}, step {step}: loss {loss} vs float64's {ref}"
+        if step > 0:  # after a step the parameters differ by the first step's rounding too
             continue
-        for name, ref_grad in want[1][step].items():
+        terms = exact[1][step]["dbias_terms"]
+        for name, ref_grad in exact[1][step].items():
+            if name == "dbias_terms":
+                continue
             grad = got[1][step][name]
             if name == "poly.bias":
-                # A sum of bfloat16 gradients that cancel far below its terms: each
-                # computation's rounding is relative to the terms (2 ulp of bfloat16).
+                # A sum of bfloat16 gradients that cancel far below its terms: the
+                # rounding is relative to the terms (2 ulp of bfloat16).
                 err = (grad - ref_grad).abs().item()
-                assert err <= 2 * 2**-8 * terms, f"step {step}: poly.bias gradient off by {err:.2e} ({terms=:.2e})"
+                assert err <= 2 * 2**-8 * terms, f"{who}, step {step}: poly.bias gradient off by {err:.2e} ({terms=})"
                 continue
-            assert torch.isfinite(grad).all(), f"step {step}: non-finite gradient of {name}"
-            assert ref_grad.norm() > 0, f"step {step}: reference gradient of {name} is zero"
+            assert torch.isfinite(grad).all(), f"{who}, step {step}: non-finite gradient of {name}"
+            assert ref_grad.norm() > 0, f"step {step}: float64 gradient of {name} is zero"
             err = ((grad - ref_grad).norm() / ref_grad.norm()).item()
-            assert err <= GRAD_RTOL, f"step {step}: gradient of {name} differs by {err:.2e}"
+            assert err <= GRAD_RTOL, f"{who}, step {step}: gradient of {name} off float64's by {err:.2e}"
+
+
+def _check(device: str, rope: bool) -> None:
+    exact = _train(Net(liger=False, rope=rope), device, exact=True)
+    _assert_near_exact(_train(Net(liger=True, rope=rope), device), exact, "the ops")
+    _assert_near_exact(_train(Net(liger=False, rope=rope), device), exact, "the torch layers")
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_autocast_trains_through_the_norms(device):
-    _assert_match(_train(Net(liger=True, rope=False), device), _train(Net(liger=False, rope=False), device))
+    _check(device, rope=False)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_autocast_trains_through_rope_with_float32_tables(device):
-    _assert_match(_train(Net(liger=True, rope=True), device), _train(Net(liger=False, rope=True), device))
+    _check(device, rope=True)

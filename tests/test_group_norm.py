@@ -157,7 +157,7 @@ def test_op_forward_and_gradients_match_float64_reference(case, dtype, weight_dt
 
     y = torch.ops.liger.group_norm(x, groups, weight, bias, eps)
     grads = dict(zip(leaves, torch.autograd.grad(y, list(leaves.values()), dy), strict=True))
-    assert y.stride() == grads["x"].stride() == layout.empty_output(x).stride()  # x's layout, as torch's
+    assert y.stride() == grads["x"].stride() == layout.empty_output(x).stride()  # x's layout (as torch's CPU kernel)
     check_against_reference(y, grads, x, groups, weight, bias, dy, eps)
 
 
@@ -801,18 +801,22 @@ def test_diffusion_shapes_on_gpu(shape):
 
 
 @pytest.mark.parametrize("fmt, shape", [(torch.channels_last, (2, 8, 5, 6)), (torch.channels_last_3d, (2, 8, 3, 4, 5))])
-def test_output_and_gradient_layouts_follow_torch(fmt, shape):
-    """y and dx in x's memory format, as torch.nn.functional.group_norm gives
-    them, with channels-last x read in place (no contiguous copy of x)."""
+def test_output_and_gradient_layouts_follow_x(fmt, shape):
+    """y and dx in x's memory format, with channels-last x read in place (no
+    contiguous copy of x), as torch's CPU GroupNorm gives them.  torch's CUDA
+    kernel (2.11) returns a contiguous y and dx for channels-last x instead,
+    which the next channels-last convolution copies back: so torch is asked
+    on the CPU, wherever the op runs."""
     x = torch.randn(shape, device=DEVICE).contiguous(memory_format=fmt).requires_grad_()
     weight, bias = make_params(shape[1], "both", torch.float32)
     y = torch.ops.liger.group_norm(x, 4, weight, bias)
     (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
-    x_torch = x.detach().clone().requires_grad_()
-    y_torch = torch.nn.functional.group_norm(x_torch, 4, weight, bias)
+    assert y.is_contiguous(memory_format=fmt) and y.stride() == x.stride()
+    assert dx.stride() == x.stride()
+    x_torch = x.detach().cpu().requires_grad_()
+    y_torch = torch.nn.functional.group_norm(x_torch, 4, weight.cpu(), bias.cpu())
     y_torch.backward(torch.randn_like(y_torch))
-    assert y.is_contiguous(memory_format=fmt) and y.stride() == y_torch.stride()
-    assert dx.stride() == x_torch.grad.stride()
+    assert y.stride() == y_torch.stride() and dx.stride() == x_torch.grad.stride()
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if p != "one_pass"])

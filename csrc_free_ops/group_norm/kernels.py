@@ -72,6 +72,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from csrc_free_ops.kernel_math import rsqrt
+
 # --- shared helpers
 
 
@@ -201,7 +203,7 @@ def _rsqrt_eps(v, eps):
     compiled graph, passes eps (a Python float) as fp64, which would promote
     everything computed from it.  The sum is rounded, not eps: a float64 v
     keeps all of eps."""
-    return tl.math.rsqrt((v + eps).to(v.dtype))
+    return rsqrt((v + eps).to(v.dtype))
 
 
 @triton.jit

@@ -9,8 +9,8 @@ x is viewed as (N, C, HW).  Two layouts are read without a copy:
   storage -- ``torch.channels_last`` (4-D), ``torch.channels_last_3d``
   (5-D), or a (N, L, C) tensor transposed to (N, C, L).
 
-y and dx come back in x's layout, as ``torch.nn.functional.group_norm``
-returns them; any other x (a strided view) is copied to contiguous first,
+y and dx come back in x's layout, as torch's CPU GroupNorm returns them
+(its CUDA kernel returns them contiguous); any other x (a strided view) is copied to contiguous first,
 and its y and dx are contiguous.  grad_out is read in place when it has
 x's layout, else copied to it.  The NPU entries read channels-last x
 through a contiguous copy and copy y and dx back (launch._npu_plan says

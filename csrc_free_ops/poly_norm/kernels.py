@@ -31,6 +31,8 @@ dbias itself (DIRECT_GRADS).
 import triton
 import triton.language as tl
 
+from csrc_free_ops.kernel_math import rsqrt
+
 # The backward's partials: one row of these per program, in this order.
 PARTIAL_FIELDS = ("dw_cubic", "dw_square", "dw_linear", "dbias")
 N_PARTIALS = tl.constexpr(len(PARTIAL_FIELDS))
@@ -51,9 +53,9 @@ def _rstds(s2, s4, s6, inv_n, eps):
     """rsqrt(mean(x^2k) + eps) for k = 1, 2, 3 from the sums of x^2, x^4, x^6."""
     # Rounded to the sums' dtype: Inductor, launching these kernels from a compiled graph, passes a Python float
     # as fp64, which would promote everything computed from it.
-    r1 = tl.math.rsqrt((s2 * inv_n + eps).to(s2.dtype))
-    r2 = tl.math.rsqrt((s4 * inv_n + eps).to(s2.dtype))
-    r3 = tl.math.rsqrt((s6 * inv_n + eps).to(s2.dtype))
+    r1 = rsqrt((s2 * inv_n + eps).to(s2.dtype))
+    r2 = rsqrt((s4 * inv_n + eps).to(s2.dtype))
+    r3 = rsqrt((s6 * inv_n + eps).to(s2.dtype))
     return r1, r2, r3
 
 
