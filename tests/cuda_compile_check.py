@@ -11,7 +11,8 @@ launchers' kernels are compiled for that target too: triton-ascend's
 compiler is not here, but the language front end, where such errors
 surface, is shared.  Run it as a
 subprocess with TRITON_INTERPRET unset (``tests/test_cuda_compile.py``):
-kernels jitted for the interpreter cannot be compiled.
+kernels jitted for the interpreter cannot be compiled.  It also runs torch's
+wrap_triton analysis of which tensors each kernel writes (``written_inputs``).
 
     python -m tests.cuda_compile_check      # exit status 1 on a compile error
 """
@@ -277,6 +278,70 @@ def _launch_rope_paths() -> None:
                 getattr(rope_launch, f"{prefix}_forward_")(x, y, table, table, **options)
 
 
+# The kernels' parameters that hold an op's inputs: no kernel writes them.
+INPUT_PARAMS = frozenset({"x", "weight", "bias", "grad_out", "q", "k", "cos", "sin", "position_ids", "cu_seqlens"})
+
+
+def record_first_calls(run) -> dict[str, tuple]:
+    """{kernel name: (kernel, {parameter: argument})} of the first launch of each kernel ``run()`` makes."""
+    first: dict[str, tuple] = {}
+
+    def record(kernel, *args: Any, grid: Any, warmup: bool, **meta: Any) -> None:
+        runtime = [n for n in kernel.arg_names if n not in meta]
+        arguments = dict(zip(runtime, args, strict=True)) | {n: v for n, v in meta.items() if n in kernel.arg_names}
+        first.setdefault(kernel.__name__, (kernel, arguments))
+
+    jit = triton.runtime.jit.JITFunction
+    original = jit.run
+    jit.run = record
+    try:
+        run()
+    finally:
+        jit.run = original
+    return first
+
+
+class _Sm90Driver:
+    """The active Triton driver, answering sm_90 as the current target (no GPU here)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def get_current_target(self) -> GPUTarget:
+        return TARGET
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def written_inputs(first: dict[str, tuple]) -> list[str]:
+    """Under torch.compile the ops' launches go through wrap_triton, and
+    torch's analysis of the kernel's TTIR decides which tensors it writes: it
+    counts every tensor that a stored-to address depends on, helper calls'
+    arguments included.  An input counted as written is cloned before the
+    launch, and a graph input counted so keeps Inductor from CUDA graphs
+    ("skipping cudagraphs due to mutated inputs", seen on the H100 in
+    reduce-overhead steps).  The kernels whose analysis writes an input."""
+    from torch._higher_order_ops import triton_kernel_wrap as wrap
+
+    driver = triton.runtime.driver
+    real = driver._active  # None here: no GPU driver is active, and asking for one raises
+    driver.set_active(_Sm90Driver(real))
+    failures = []
+    try:
+        for name, (kernel, arguments) in sorted(first.items()):
+            if hasattr(wrap, "identify_accessed_tensors"):  # torch 2.13 and newer
+                writes = wrap.identify_accessed_tensors(kernel, dict(arguments), {}).read_writes.writes
+                written = {dep.name for dep in writes}
+            else:
+                written = set(wrap.identify_mutated_tensors(kernel, dict(arguments), {}))
+            if written & INPUT_PARAMS:
+                failures.append(f"{name}: torch's wrap_triton analysis finds it writes {sorted(written)}")
+    finally:
+        driver._active = real
+    return failures
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("run with TRITON_INTERPRET unset: interpreted kernels cannot be compiled", file=sys.stderr)
@@ -286,6 +351,9 @@ def main() -> int:
     failures = compile_all(seen)
     kernels = sorted({key[0] for key in seen})
     print(f"compiled {len(seen) - len(failures)} of {len(seen)} specializations of {len(kernels)} kernels for {TARGET}")
+    written = written_inputs(record_first_calls(_launch_every_path))
+    print(f"torch's wrap_triton analysis: {len(kernels) - len(written)} of {len(kernels)} kernels write no input")
+    failures += written
     for f in failures:
         print("FAILED", f, file=sys.stderr)
     return 1 if failures else 0

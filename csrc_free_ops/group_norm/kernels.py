@@ -217,21 +217,29 @@ def _backward_coefficients(mean, m2, sum_g, sum_gd, size, eps):
 
 
 @triton.jit
-def _whole_group(x, row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-                 COMPUTE: tl.constexpr):  # fmt: skip
+def _whole_tile(row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """For the (sample, group) ``row`` (int64): the tile's offsets and mask,
-    the channel indices within the group and their mask, x - mean (zero
-    outside the group) and the variance."""
+    the channel indices within the group and their mask.  Offsets come from
+    plain ints, never from a helper that takes a tensor: torch's analysis of
+    which tensors a kernel writes (wrap_triton, under torch.compile) counts
+    every tensor a stored-to address depends on, helpers' arguments included,
+    and a graph input it counts as written keeps CUDA graphs off."""
     ch = tl.arange(0, BLOCK_C)
     c_mask = ch < cpg
     cols = tl.arange(0, BLOCK_HW)
     mask = c_mask[:, None] & (cols < HW)[None, :]
     offs = _row_base(row, num_groups, cpg, C, HW, stride_c) + ch[:, None] * stride_c + cols[None, :] * stride_s
+    return offs, mask, ch, c_mask
+
+
+@triton.jit
+def _whole_group(x, offs, mask, cpg, HW, COMPUTE: tl.constexpr):
+    """x - mean over the tile (zero outside the group) and the variance."""
     size = _group_size(cpg, HW, COMPUTE)
     xv = tl.load(x + offs, mask=mask, other=0.0).to(COMPUTE)
     mean = tl.sum(tl.sum(xv, 1), 0) / size
     d = tl.where(mask, xv - mean, 0.0)
-    return offs, mask, ch, c_mask, d, tl.sum(tl.sum(d * d, 1), 0) / size
+    return d, tl.sum(tl.sum(d * d, 1), 0) / size
 
 
 @triton.jit
@@ -243,9 +251,8 @@ def fwd_whole_kernel(
     cpg = C // num_groups
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        offs, mask, ch, c_mask, d, var = _whole_group(
-            x, row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW, COMPUTE
-        )
+        offs, mask, ch, c_mask = _whole_tile(row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
+        d, var = _whole_group(x, offs, mask, cpg, HW, COMPUTE)
         cs = (row % num_groups) * cpg + ch
         scale = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE) * _rsqrt_eps(var, eps)
         shift = _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)
@@ -268,9 +275,8 @@ def bwd_whole_kernel(
     size = _group_size(cpg, HW, COMPUTE)
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        offs, mask, ch, c_mask, d, var = _whole_group(
-            x, row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW, COMPUTE
-        )
+        offs, mask, ch, c_mask = _whole_tile(row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
+        d, var = _whole_group(x, offs, mask, cpg, HW, COMPUTE)
         rstd = _rsqrt_eps(var, eps)
         dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
         xhat = d * rstd
@@ -569,15 +575,14 @@ def _looped_dz_sums(x, grad_out, weight, bias, base, first, mean, rstd, cpg, HW,
 
 
 @triton.jit
-def _looped_stats(x, grad_out, weight, bias, row, num_groups, cpg, C, HW, stride_c, stride_s, h_steps, steps, eps,
+def _looped_stats(x, grad_out, weight, bias, base, first, cpg, HW, stride_c, stride_s, h_steps, steps, eps,
                   HAS_DY: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr,
                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, X_EVICT: tl.constexpr,
                   COMPUTE: tl.constexpr):  # fmt: skip
-    """One walk over the (sample, group) row (int64): its first element's
-    offset, its first channel, mean and rstd, and with HAS_DY mean(g) and
+    """One walk over the (sample, group) row whose first element is at
+    ``base`` and first channel is ``first`` (the callers compute both from
+    ints: _whole_tile says why): mean and rstd, and with HAS_DY mean(g) and
     mean(g * xhat) (with an ACTIVATION, g from dz, in a second walk)."""
-    base = _row_base(row, num_groups, cpg, C, HW, stride_c)
-    first = (row % num_groups) * cpg
     size = _group_size(cpg, HW, COMPUTE)
     one_walk = HAS_DY and ACTIVATION == "none"
     k, s1, s2, sg, sgd = _looped_sums(
@@ -591,8 +596,8 @@ def _looped_stats(x, grad_out, weight, bias, row, num_groups, cpg, C, HW, stride
             x, grad_out, weight, bias, base, first, k + mean_d, rstd, cpg, HW, stride_c, stride_s, h_steps, steps,
             HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, LOOP_STAGES, COMPUTE,
         )  # fmt: skip
-        return base, first, k + mean_d, rstd, sg / size, rstd * sgd / size
-    return base, first, k + mean_d, rstd, sg / size, rstd * (sgd - mean_d * sg) / size
+        return k + mean_d, rstd, sg / size, rstd * sgd / size
+    return k + mean_d, rstd, sg / size, rstd * (sgd - mean_d * sg) / size
 
 
 @triton.jit
@@ -610,8 +615,11 @@ def fwd_looped_kernel(
     h_steps = tl.cdiv(HW, BLOCK_HW)
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
-        base, first, mean, rstd, _mg, _mgx = _looped_stats(
-            x, x, weight, bias, tl.cast(row, tl.int64), num_groups, cpg, C, HW, stride_c, stride_s, h_steps, steps, eps,
+        row = tl.cast(row, tl.int64)
+        base = _row_base(row, num_groups, cpg, C, HW, stride_c)
+        first = (row % num_groups) * cpg
+        mean, rstd, _mg, _mgx = _looped_stats(
+            x, x, weight, bias, base, first, cpg, HW, stride_c, stride_s, h_steps, steps, eps,
             False, False, False, "none", BLOCK_C, BLOCK_HW, LOOP_STAGES, STATS_EVICT, COMPUTE,
         )  # fmt: skip
         for i in tl.range(0, steps, num_stages=LOOP_STAGES):
@@ -643,8 +651,10 @@ def bwd_looped_kernel(
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
-        base, first, mean, rstd, mg, mgx = _looped_stats(
-            x, grad_out, weight, bias, row, num_groups, cpg, C, HW, stride_c, stride_s, h_steps, steps, eps,
+        base = _row_base(row, num_groups, cpg, C, HW, stride_c)
+        first = (row % num_groups) * cpg
+        mean, rstd, mg, mgx = _looped_stats(
+            x, grad_out, weight, bias, base, first, cpg, HW, stride_c, stride_s, h_steps, steps, eps,
             True, HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, LOOP_STAGES, "", COMPUTE,
         )  # fmt: skip
         acc_w = tl.zeros([BLOCK_C, BLOCK_HW], dtype=COMPUTE)
