@@ -99,15 +99,37 @@ def rotates_in_place(q: torch.Tensor, k: torch.Tensor | None) -> bool:
     return True
 
 
+def _viewed_again(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as a view of its base made by view and permute, where t
+    is a permutation of its contiguous base (a model's transposed q / k);
+    else t.  rope_ marks the base modified, after which autograd rebuilds
+    t's own history as an as_strided of the base, whose backward fills a
+    base-sized zero gradient and copies into it (two passes more than the
+    rotation's own, the H100's model-layout backward at 2.3x upstream's);
+    view and permute pass the gradient through as views."""
+    if not t._is_view():
+        return t
+    base = t._base
+    if not base.is_contiguous() or t.storage_offset() != base.storage_offset() or t.numel() != base.numel():
+        return t
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    permuted = t.permute(order)
+    if not permuted.is_contiguous():
+        return t
+    again = base.view(permuted.shape).permute([order.index(d) for d in range(t.dim())])
+    return again if again.shape == t.shape and again.stride() == t.stride() else t
+
+
 def rope_in_place_or_not(
     q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, **options
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """torch.ops.liger.rope(q, k, cos, sin, **options), computed in place on
-    q and k (``rope_``) where ``rotates_in_place`` says that is safe; then q
-    and k themselves come back, holding the rotation."""
+    q and k (``rope_``) where ``rotates_in_place`` says that is safe; then
+    q and k's memory comes back, holding the rotation, with q and k's
+    shapes and strides (``_viewed_again``)."""
     if rotates_in_place(q, k):
         torch.ops.liger.rope_(q, k, cos, sin, **options)
-        return q, k
+        return _viewed_again(q), None if k is None else _viewed_again(k)
     return _ROPE(q, k, cos, sin, **options)
 
 

@@ -92,6 +92,28 @@ def test_projections_of_a_training_step_rotate_in_place(bias, qk_norm):
     assert (q_out.data_ptr(), k_out.data_ptr()) == (q_ptr, k_ptr), "the in-place path allocated outputs"
 
 
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2], ids=["heads_first", "seq_first"])
+def test_in_place_outputs_pass_gradients_through_views(unsqueeze_dim):
+    """The rotated q and k come back as views (view, permute) of the
+    projections, not as_strided ones: as_strided's backward fills and copies
+    a projection-sized gradient, two passes more than the rotation's."""
+    module = Attention(bias=False, qk_norm=False)
+    x = torch.randn(B, S, HIDDEN, dtype=torch.float64, device=DEVICE)
+    q, k, _ = module.projections(x)
+    if unsqueeze_dim == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    shapes = (q.shape, q.stride(), k.shape, k.stride())
+    q_out, k_out = liger_nn.apply_rotary_pos_emb(q, k, *_tables(), unsqueeze_dim=unsqueeze_dim)
+    assert (q_out.shape, q_out.stride(), k_out.shape, k_out.stride()) == shapes
+    for out in (q_out, k_out):
+        names, node = [], out.grad_fn
+        while node is not None and type(node).__name__ != "_RopeInPlaceBackward":
+            names.append(type(node).__name__)
+            node = node.next_functions[0][0]
+        assert node is not None, "the in-place path was not taken"
+        assert all(n in ("ViewBackward0", "PermuteBackward0", "TransposeBackward0") for n in names), names
+
+
 def _leaf_views():
     q = torch.randn(B, S, HQ, D, device=DEVICE, requires_grad=True)
     k = torch.randn(B, S, HK, D, device=DEVICE, requires_grad=True)
