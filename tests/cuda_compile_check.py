@@ -56,6 +56,17 @@ def _arg_type(a: Any) -> str:
     raise TypeError(f"no Triton type for a runtime argument of type {type(a).__name__}")
 
 
+def run_recording(record, run) -> None:
+    """run() with ``JITFunction.run`` (what ``kernel[grid](...)`` calls) replaced by ``record``."""
+    jit = triton.runtime.jit.JITFunction
+    original = jit.run
+    jit.run = record
+    try:
+        run()
+    finally:
+        jit.run = original
+
+
 def record_launches(run) -> dict[tuple, tuple]:
     """{key: (kernel, signature, constexprs, options)} of every launch ``run()`` makes."""
     seen: dict[tuple, tuple] = {}
@@ -72,13 +83,7 @@ def record_launches(run) -> dict[tuple, tuple]:
                tuple(sorted(options.items())))  # fmt: skip
         seen.setdefault(key, (kernel, signature, constexprs, options))
 
-    jit = triton.runtime.jit.JITFunction
-    original = jit.run
-    jit.run = record
-    try:
-        run()
-    finally:
-        jit.run = original
+    run_recording(record, run)
     return seen
 
 
@@ -291,13 +296,7 @@ def record_first_calls(run) -> dict[str, tuple]:
         arguments = dict(zip(runtime, args, strict=True)) | {n: v for n, v in meta.items() if n in kernel.arg_names}
         first.setdefault(kernel.__name__, (kernel, arguments))
 
-    jit = triton.runtime.jit.JITFunction
-    original = jit.run
-    jit.run = record
-    try:
-        run()
-    finally:
-        jit.run = original
+    run_recording(record, run)
     return first
 
 

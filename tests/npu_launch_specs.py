@@ -264,7 +264,8 @@ def _jsonable(v: Any) -> Any:
 
 def record_launches(run: Callable[[], None]) -> list[dict]:
     """The launch specs of every ``JITFunction.run`` call ``run()`` makes, in order."""
-    import triton
+
+    from tests.cuda_compile_check import run_recording
 
     launches: list[dict] = []
 
@@ -287,13 +288,7 @@ def record_launches(run: Callable[[], None]) -> list[dict]:
             }
         )
 
-    jit = triton.runtime.jit.JITFunction
-    original = jit.run
-    jit.run = record
-    try:
-        run()
-    finally:
-        jit.run = original
+    run_recording(record, run)
     return launches
 
 
