@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from csrc_free_ops.group_norm.reference import ACTIVATIONS
-from registrations._library import fast_call
+from registrations.eager import eager_call
 
-# torch.ops.liger.group_norm, called without the dispatcher's crossing in plain eager calls (registrations/_library.py).
-_GROUP_NORM = fast_call(torch.ops.liger.group_norm)
+# torch.ops.liger.group_norm, called without the dispatcher's crossing in plain eager calls (registrations/eager.py).
+_GROUP_NORM = eager_call(torch.ops.liger.group_norm)
 
 
 class GroupNorm(nn.Module):

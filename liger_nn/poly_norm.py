@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from registrations._library import fast_call
+from registrations.eager import eager_call
 
-# torch.ops.liger.poly_norm, called without the dispatcher's crossing in plain eager calls (registrations/_library.py).
-_POLY_NORM = fast_call(torch.ops.liger.poly_norm)
+# torch.ops.liger.poly_norm, called without the dispatcher's crossing in plain eager calls (registrations/eager.py).
+_POLY_NORM = eager_call(torch.ops.liger.poly_norm)
 
 
 class PolyNorm(nn.Module):

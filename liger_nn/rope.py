@@ -9,10 +9,10 @@ import torch
 from torch.autograd import forward_ad
 
 from registrations import overlap
-from registrations._library import fast_call
+from registrations.eager import eager_call
 
-# torch.ops.liger.rope, called without the dispatcher's crossing in plain eager calls (registrations/_library.py).
-_ROPE = fast_call(torch.ops.liger.rope)
+# torch.ops.liger.rope, called without the dispatcher's crossing in plain eager calls (registrations/eager.py).
+_ROPE = eager_call(torch.ops.liger.rope)
 
 # unsqueeze_dim values that put heads at dim 1, (B, H, S, D), or at dim 2, (B, S, H, D).
 _HEADS_FIRST = (1, -3)
