@@ -14,7 +14,7 @@ Every provider of one op gets the same input values (same seed), in the
 same dtype, on the same device, in the same memory layout (rope: HF's
 (B, T, H, D) storage viewed as (B, H, T, D)).
 
-Upstream specifics that shape the inputs (see bench/NOTES.md):
+Upstream specifics that shape the inputs (see bench/lab/NOTES.md):
 * LigerPolyNormFunction returns a 0-dim dbias, so its bias is 0-dim (ours
   and the references take the (1,) bias of Motif's module); it is called
   with in_place=True (its module's default), which overwrites the incoming

@@ -300,7 +300,7 @@ def _liger_version() -> str:
         import csrc_free_ops
 
         return str(csrc_free_ops.__version__)
-    except (ImportError, AttributeError):  # a tree without a version (bench.compare_trees runs any tree)
+    except (ImportError, AttributeError):  # a tree without a version (bench.lab.compare_trees runs any tree)
         return "unknown"
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from bench import bytes as nbytes
-from bench import compare_trees, demo, run, shapes, summary, timing
+from bench import demo, run, shapes, summary, timing
 from bench import records as rec
+from bench.lab import compare_trees
 
 RECORD_KEYS = set(rec.RECORD_FIELDS)
 ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU run; the GPU run is python -m bench.run")

@@ -13,7 +13,7 @@ warp, with head blocks sized so a tile holds at most TILE_BYTES of input per
 half.  One warp won on an H200 at every shape swept (bf16, 32/8 heads x 256,
 B*T 1k..64k rows; 8 KiB tiles 1-2% ahead of 4 KiB at 16k+ rows, within 1%
 below; 2 warps 1-8% and 4-8 warps up to 20% slower):
-bench/results/2026-12-02-343882b/rope_tile_sweep.txt.  Interleaved
+bench/lab/results/2026-12-02-343882b/rope_tile_sweep.txt.  Interleaved
 pairs are loaded as one contiguous tile and split in registers (vectorized
 loads).  The tokens' sequence starts are found among up to MAX_SEQS_BLOCK
 cu_seqlens entries per step.
@@ -25,7 +25,7 @@ sweep above was at 32/8 heads x 256 (20 KiB rows); at 128 and 64 (10 and 4
 KiB rows) one warp a row left ours 5-11% behind upstream's kernel (4 warps
 a row) in GPU time.  A warp holding a quarter of the bytes keeps a quarter
 of the registers, so four times the warps are resident and more loads are
-in flight.  Not yet measured on the H200: `python -m bench.probe_rope_layout`
+in flight.  Not yet measured on the H200: `python -m bench.lab.probe_rope_layout`
 sweeps warps x rows on the model-layout shapes.  Contiguous (B, H, S, D) q
 and k (a head's rows far apart) keep the plan above.
 

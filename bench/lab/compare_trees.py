@@ -1,12 +1,12 @@
 """Time two source trees side by side in one device run: new / old per row.
 
-    python -m bench.compare_trees OLD_DIR NEW_DIR --out /tmp/cmp [--ops ...] [--sets ...]
-    python -m bench.compare_trees --table-only --out /tmp/cmp     # the table again from /tmp/cmp
+    python -m bench.lab.compare_trees OLD_DIR NEW_DIR --out /tmp/cmp [--ops ...] [--sets ...]
+    python -m bench.lab.compare_trees --table-only --out /tmp/cmp     # the table again from /tmp/cmp
 
 Two versions of the package cannot share a process (both define the
 ``liger`` op namespace), so every (tree, op) is one ``python -m bench.run``
 process.  Each process runs *this* harness (a copy of the bench/ folder
-beside this file, put first on the path) against one tree's
+above this lab, put first on the path) against one tree's
 ``registrations`` / ``csrc_free_ops`` (the tree second on the path, then
 whatever PYTHONPATH held, e.g. the liger_kernel wheel), so both trees are
 timed by the same harness code at the same shapes.  The trees alternate per
@@ -48,14 +48,14 @@ from bench import records as rec
 from bench import shapes, timing
 from bench.summary import build_rows
 
-HARNESS = Path(__file__).resolve().parent
+HARNESS = Path(__file__).resolve().parent.parent
 TREES = ("old", "new")
 # A run is not started with less than this left before the deadline.
 MIN_RUN_S = 30.0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.compare_trees", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.lab.compare_trees", description=__doc__.split("\n\n")[0])
     p.add_argument("old", nargs="?", help="the old tree (a folder holding registrations/ and csrc_free_ops/)")
     p.add_argument("new", nargs="?", help="the new tree")
     p.add_argument("--out", required=True, help="output folder")
@@ -130,7 +130,7 @@ def _split(value: str) -> list[str]:
 def stage_harness() -> Path:
     """A folder holding only a copy of this harness's bench/ package, to put first on the path."""
     stage = Path(tempfile.mkdtemp(prefix="bench-harness-"))
-    shutil.copytree(HARNESS, stage / "bench", ignore=shutil.ignore_patterns("results", "out", "__pycache__"))
+    shutil.copytree(HARNESS, stage / "bench", ignore=shutil.ignore_patterns("lab", "results", "out", "__pycache__"))
     return stage
 
 

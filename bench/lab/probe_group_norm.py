@@ -2,9 +2,9 @@
 float64 reference and timed beside torch eager and torch.compile, at the
 diffusion shapes and the large one, bf16 and fp32, 32 groups.
 
-    python -m bench.probe_group_norm                 # everything (~6-8 minutes on the H200)
-    python -m bench.probe_group_norm --quick         # the shipped plan, its fallback and the rivals only
-    python -m bench.probe_group_norm --shapes 0,5 --no-compile
+    python -m bench.lab.probe_group_norm                 # everything (~6-8 minutes on the H200)
+    python -m bench.lab.probe_group_norm --quick         # the shipped plan, its fallback and the rivals only
+    python -m bench.lab.probe_group_norm --shapes 0,5 --no-compile
 
 Timings are do_bench medians with L2 flushed before every call: ``graph`` is
 a CUDA-graph replay of the call (GPU time only, the harness's default timer),
@@ -12,7 +12,7 @@ a CUDA-graph replay of the call (GPU time only, the harness's default timer),
 ``launch.forward`` / ``launch.backward`` with a hand-built Plan (no
 autograd); ``op`` is ``torch.ops.liger.group_norm`` through autograd, as a
 user calls it (eager only differs from the candidates by the host path).
-TB/s counts minimal bytes (bench/NOTES.md: forward 2*x + 2*C*4, backward
+TB/s counts minimal bytes (bench/lab/NOTES.md: forward 2*x + 2*C*4, backward
 3*x + 3*C*4).  ``ok`` is the largest error relative to max |reference| of
 every output against float64, within the dtype's bound.
 

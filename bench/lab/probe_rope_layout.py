@@ -3,9 +3,9 @@ projections viewed (B, H, S, D)): warps per program x rows per program,
 against upstream Liger-Kernel's kernel, GPU time (CUDA-graph replay, L2
 flushed before every call).
 
-    python -m bench.probe_rope_layout                # ~3 minutes on the H200 (Triton compiles included)
-    python -m bench.probe_rope_layout --shapes 0,1,2 # a subset (indices into the list below)
-    python -m bench.probe_rope_layout --quick        # shipped plan and upstream only
+    python -m bench.lab.probe_rope_layout                # ~3 minutes on the H200 (Triton compiles included)
+    python -m bench.lab.probe_rope_layout --shapes 0,1,2 # a subset (indices into the list below)
+    python -m bench.lab.probe_rope_layout --quick        # shipped plan and upstream only
 
 Shapes: the model_layout set (bench/shapes.py MODEL_LAYOUT_SHAPES), the
 packed case as its (1, 16384, 32/8, 128) tensors, and the seeds shape
@@ -82,7 +82,7 @@ def _check(q, k, cos, sin, p) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.probe_rope_layout", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.lab.probe_rope_layout", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the shipped plan and upstream only")
     ap.add_argument("--shapes", default=None, help="comma list of shape indices (default: all 7)")
     args = ap.parse_args(argv)
