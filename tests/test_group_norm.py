@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csrc_free_ops.group_norm import launch, layout, plan, reference
+from csrc_free_ops.group_norm import kernels, launch, layout, plan, reference
 from csrc_free_ops.group_norm.plan import CudaDevice, Problem
 from csrc_free_ops.host_math import next_pow2
 from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, assert_close_to_scale, compute_dtype
@@ -234,12 +234,12 @@ SPLIT_FINALIZE = {"path": "split", "tile": 16, "target_items": 64}  # many parti
 @pytest.mark.parametrize(
     ("shape", "groups", "opts", "kernel"),
     [
-        ((2, 6, 5, 7), 3, {"path": "whole"}, "whole"),  # padded both ways
-        ((2, 12, 9, 7), 3, {"path": "looped"}, "looped"),  # [1, 16] tiles: 4 channels x 4 padded steps
-        ((2, 16, 128), 1, SPLIT_FUSED, "apply"),  # a fused merge over several steps
-        ((2, 4, 33, 17), 2, SPLIT_FINALIZE, "finalize"),
-        ((3, 6, 5, 7), 3, {"path": "one_pass", "programs": 2}, "one_pass"),  # 2 teams over 6 rows
-        ((3, 6, 5, 7), 3, {"path": "one_pass", "programs": 2, "prefetch": True}, "one_pass"),
+        ((2, 6, 5, 7), 3, {"path": "whole"}, kernels.fwd_whole_kernel),  # padded both ways
+        ((2, 12, 9, 7), 3, {"path": "looped"}, kernels.fwd_looped_kernel),  # [1, 16] tiles: 4 channels x 4 steps
+        ((2, 16, 128), 1, SPLIT_FUSED, kernels.fwd_apply_kernel),  # a fused merge over several steps
+        ((2, 4, 33, 17), 2, SPLIT_FINALIZE, kernels.fwd_finalize_kernel),
+        ((3, 6, 5, 7), 3, {"path": "one_pass", "programs": 2}, kernels.fwd_one_pass_kernel),  # 2 teams, 6 rows
+        ((3, 6, 5, 7), 3, {"path": "one_pass", "programs": 2, "prefetch": True}, kernels.fwd_one_pass_kernel),
     ],
 )
 def test_every_path_writes_every_output(monkeypatch, shape, groups, opts, kernel):
@@ -250,11 +250,11 @@ def test_every_path_writes_every_output(monkeypatch, shape, groups, opts, kernel
     dy = torch.randn_like(x)
     plans = {bw: small_plan(problem(x, groups, weight, bias, bw), **opts) for bw in (False, True)}
     steps = {s.kernel: dict(s.constexprs) for s in plans[False].steps}
-    assert f"fwd_{kernel}_kernel" in steps
-    if kernel == "apply":
-        assert steps["fwd_apply_kernel"]["FUSED"] and steps["fwd_apply_kernel"]["BLOCK_P"] < 2 * 16
+    assert kernel in steps
+    if kernel is kernels.fwd_apply_kernel:
+        assert steps[kernel]["FUSED"] and steps[kernel]["BLOCK_P"] < 2 * 16
     if opts.get("prefetch"):
-        assert steps["fwd_one_pass_kernel"]["PREFETCH"]
+        assert steps[kernels.fwd_one_pass_kernel]["PREFETCH"]
     poison_allocations(monkeypatch)
     y = launch.forward(x, groups, weight, bias, 1e-5, plans[False])
     dx, dweight, dbias = launch.backward(dy, x, groups, weight, bias, 1e-5, plans[True])
@@ -511,9 +511,10 @@ def test_workspace_layouts_name_each_row_once():
     splits = math.ceil(35 / finalize.chunk)
     assert finalize.workspace == 5 * 2 * splits * 6 + 4 * 2 * 3
     steps = {s.kernel: dict(s.constexprs) for s in finalize.steps}
-    assert steps["bwd_dx_kernel"]["DWEIGHT_ROW"] == steps["reduce_param_grads_kernel"]["DWEIGHT_ROW"] == 4
-    assert steps["reduce_param_grads_kernel"]["DBIAS_ROW"] == steps["bwd_partials_kernel"]["SUM_DY_ROW"] == 2
-    assert steps["bwd_finalize_kernel"]["STATS_ROW"] == 5
+    reduce = steps[kernels.reduce_param_grads_kernel]
+    assert steps[kernels.bwd_dx_kernel]["DWEIGHT_ROW"] == reduce["DWEIGHT_ROW"] == 4
+    assert reduce["DBIAS_ROW"] == steps[kernels.bwd_partials_kernel]["SUM_DY_ROW"] == 2
+    assert steps[kernels.bwd_finalize_kernel]["STATS_ROW"] == 5
     assert small_plan(_pb(2, 6, 35, groups=3, backward=True, affine=False), "whole").workspace == 0
 
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import launch, layout, plan
+from csrc_free_ops.group_norm import kernels, launch, layout, plan
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, simulate_ascend
 from tests.privateuse1_backend import scenario_output
 from tests.test_group_norm import (
@@ -101,15 +101,15 @@ def test_tiny_ub_plans_every_multi_step_path(monkeypatch):
     for backward in (False, True):
         p = _plan(x, 1, backward)
         steps = {s.kernel: (s.grid, dict(s.constexprs)) for s in p.steps}
-        d = "bwd" if backward else "fwd"
-        grid, partials = steps[f"{d}_partials_kernel"]
+        grid, partials = steps[kernels.bwd_partials_kernel if backward else kernels.fwd_partials_kernel]
         assert p.path == "split" and p.chunk > partials["BLOCK_HW"]  # several tiles per item
         splits = -(-MULTI_STEP_SHAPE[2] // p.chunk)
         assert splits > 1  # a group's statistics come from several programs
         items = MULTI_STEP_SHAPE[1] // partials["BLOCK_C"] * splits
         assert items > grid  # grid-stride loop
-        assert steps[f"{d}_finalize_kernel"][1]["BLOCK_P"] < MULTI_STEP_SHAPE[1] * splits
-    assert steps["reduce_param_grads_kernel"][1]["BLOCK_R"] < splits
+        finalize = kernels.bwd_finalize_kernel if backward else kernels.fwd_finalize_kernel
+        assert steps[finalize][1]["BLOCK_P"] < MULTI_STEP_SHAPE[1] * splits
+    assert steps[kernels.reduce_param_grads_kernel][1]["BLOCK_R"] < splits
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -127,7 +127,7 @@ def test_npu_fused_and_finalize_merges_write_every_output(monkeypatch, dtype, sh
     x = torch.randn(shape, dtype=dtype)
     for backward in (False, True):
         steps = {s.kernel: dict(s.constexprs) for s in _plan(x, 1, backward).steps}
-        main = steps["bwd_dx_kernel" if backward else "fwd_apply_kernel"]
+        main = steps[kernels.bwd_dx_kernel if backward else kernels.fwd_apply_kernel]
         assert main["FUSED"] == fused
         if fused:
             assert main["BLOCK_P"] < shape[1] * -(-shape[2] // _plan(x, 1, backward).chunk)
@@ -181,7 +181,7 @@ def test_tiles_fit_the_ub(ascend):
                 p = _plan(torch.empty(shape, dtype=dtype), 4, backward)
                 for s in p.steps:
                     c = dict(s.constexprs)
-                    if s.kernel.endswith("whole_kernel"):
+                    if s.kernel in (kernels.fwd_whole_kernel, kernels.bwd_whole_kernel):
                         tile = (plan.npu_whole_bytes(itemsize, compute, backward), ub)
                     else:
                         tile = (plan.npu_split_bytes(itemsize, compute, backward), ub // 2)

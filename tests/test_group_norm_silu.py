@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import liger_nn
-from csrc_free_ops.group_norm import launch, plan
+from csrc_free_ops.group_norm import kernels, launch, plan
 from tests.helpers import DEVICE, OPCHECK_UTILS
 from tests.test_group_norm import (
     SPLIT_FINALIZE,
@@ -58,10 +58,10 @@ def test_split_backward_runs_the_statistics_first():
     x = make_x((2, 4, 33, 17), torch.float32)
     weight, bias = make_params(4, "both", torch.float32)
     for opts in (SPLIT_FUSED, SPLIT_FINALIZE):
-        kernels = [s.kernel for s in small_plan(problem(x, 2, weight, bias, True, SILU), **opts).steps]
-        assert kernels[:3] == ["bwd_partials_kernel", "bwd_finalize_kernel", "bwd_partials_kernel"]
+        steps = [s.kernel for s in small_plan(problem(x, 2, weight, bias, True, SILU), **opts).steps]
+        assert steps[:3] == [kernels.bwd_partials_kernel, kernels.bwd_finalize_kernel, kernels.bwd_partials_kernel]
         plain = [s.kernel for s in small_plan(problem(x, 2, weight, bias, True), **opts).steps]
-        assert kernels[2:] == plain
+        assert steps[2:] == plain
 
 
 @pytest.mark.parametrize("affine", ["both", "none"])

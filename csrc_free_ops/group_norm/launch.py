@@ -25,7 +25,7 @@ import functools
 import torch
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import kernels, layout, plan, reference
+from csrc_free_ops.group_norm import layout, plan, reference
 from csrc_free_ops.group_norm.plan import CudaDevice, Plan, Problem
 from csrc_free_ops.launcher import Launcher, placeholder, tracing
 
@@ -40,9 +40,7 @@ def _launches(p: Plan) -> tuple[tuple[Launcher, int], ...]:
     hit = _LAUNCHES.get(id(p))
     if hit is not None and hit[0] is p:
         return hit[1]
-    launches = tuple(
-        (Launcher(getattr(kernels, s.kernel), **dict(s.constexprs), **dict(s.options)), s.grid) for s in p.steps
-    )
+    launches = tuple((Launcher(s.kernel, **dict(s.constexprs), **dict(s.options)), s.grid) for s in p.steps)
     if len(_LAUNCHES) >= MAX_CACHED:
         _LAUNCHES.clear()
     _LAUNCHES[id(p)] = (p, launches)

@@ -60,8 +60,10 @@ import functools
 from dataclasses import dataclass
 
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from csrc_free_ops.device import NPU_MAX_GRID
+from csrc_free_ops.group_norm import kernels
 from csrc_free_ops.host_math import cdiv, next_pow2, prev_pow2
 
 # ---------------------------------------------------------------- the types
@@ -101,10 +103,10 @@ PARAM_TERMS = Layout(("dweight", "sum_dy"))
 
 @dataclass(frozen=True)
 class Step:
-    """One kernel launch: ``kernel`` names a kernels.py function; it runs
-    on ``grid`` programs (1-D) with these constexprs and launch options."""
+    """One kernel launch: ``kernel`` (of kernels.py) runs on ``grid``
+    programs (1-D) with these constexprs and launch options."""
 
-    kernel: str
+    kernel: JITFunction
     grid: int
     constexprs: tuple[tuple[str, object], ...]
     options: tuple[tuple[str, object], ...] = ()
@@ -281,7 +283,7 @@ def _reduce_step(pb: Problem, layout: Layout, part_rows: int, block_r: int, bloc
     """dweight / dbias from the layout's dweight and sum_dy rows (unused names are 0)."""
     dweight = layout.segment.index("dweight") if "dweight" in layout.segment else 0
     return Step(
-        "reduce_param_grads_kernel", grid,
+        kernels.reduce_param_grads_kernel, grid,
         (("HAS_W", pb.has_weight), ("HAS_B", pb.has_bias), ("DWEIGHT_ROW", dweight),
          ("DBIAS_ROW", layout.segment.index("sum_dy")), ("BLOCK_R", block_r), ("BLOCK_C", block_c)),
         options,
@@ -316,12 +318,12 @@ def whole(pb: Problem, grid_cap: int, options: tuple, reduce: tuple[int, int, in
     block = (("BLOCK_C", next_pow2(pb.cpg)), ("BLOCK_HW", next_pow2(pb.hw)))
     grid = max(1, min(pb.rows, grid_cap))
     if not pb.backward:
-        return _plan(pb, "whole", [Step("fwd_whole_kernel", grid, _flags(pb) + block + _common(pb), options)],
+        return _plan(pb, "whole", [Step(kernels.fwd_whole_kernel, grid, _flags(pb) + block + _common(pb), options)],
                      pb.hw, NO_WORKSPACE)  # fmt: skip
-    return _per_group_backward(pb, "whole", "bwd_whole_kernel", grid, block, options, reduce)
+    return _per_group_backward(pb, "whole", kernels.bwd_whole_kernel, grid, block, options, reduce)
 
 
-def _per_group_backward(pb: Problem, path: str, kernel: str, grid: int, constexprs: tuple, options: tuple,
+def _per_group_backward(pb: Problem, path: str, kernel: JITFunction, grid: int, constexprs: tuple, options: tuple,
                         reduce: tuple[int, int, int, tuple]) -> Plan:  # fmt: skip
     param_grads = pb.has_weight or pb.has_bias
     layout = PARAM_TERMS if param_grads else NO_WORKSPACE
@@ -343,9 +345,9 @@ def looped(pb: Problem, tile: int, grid: int, warps: int | None, stages: int | N
     options = () if warps is None else (("num_warps", warps),)
     if not pb.backward:
         evicts = (("STATS_EVICT", evict[0]), ("OUTPUT_EVICT", evict[1]))
-        step = Step("fwd_looped_kernel", grid, _flags(pb) + block + evicts + _common(pb), options)
+        step = Step(kernels.fwd_looped_kernel, grid, _flags(pb) + block + evicts + _common(pb), options)
         return _plan(pb, "looped", [step], pb.hw, NO_WORKSPACE)
-    return _per_group_backward(pb, "looped", "bwd_looped_kernel", grid, block, options, reduce)
+    return _per_group_backward(pb, "looped", kernels.bwd_looped_kernel, grid, block, options, reduce)
 
 
 def split_geometry(pb: Problem, tile: int, max_block_hw: int, target_items: int) -> tuple[int, int, int]:
@@ -380,25 +382,25 @@ def split(pb: Problem, block_c: int, block_hw: int, chunk: int, grid_cap: int, m
     merge_options = _warps(merge) if warps else ()
     stats = (("STATS_ROW", len(layout.segment)),)
     grid = max(1, min(items, grid_cap))
-    d = "bwd" if pb.backward else "fwd"
     partial_rows = layout.rows("mean", "m2") + (layout.rows("sum_dy", "sum_dy_d") if pb.backward else ())
     finalize_grid = max(1, min(pb.rows, grid_cap))
     if pb.backward:
         steps = []
-        if stats_first:
-            steps.append(Step("bwd_partials_kernel", grid, _flags(pb) + (("HAS_DY", False),) + partial_rows + stats
-                              + block + _common(pb), tile_options))  # fmt: skip
-            steps.append(Step("bwd_finalize_kernel", finalize_grid, (("HAS_W", pb.has_weight), ("HAS_DY", False))
-                              + partial_rows + stats + block_p + _common(pb), merge_options))  # fmt: skip
-        steps.append(Step("bwd_partials_kernel", grid, _flags(pb) + (("HAS_DY", True),) + partial_rows + stats
-                          + block + _common(pb), tile_options))  # fmt: skip
+        for has_dy in (False, True) if stats_first else (True,):
+            steps.append(Step(kernels.bwd_partials_kernel, grid, _flags(pb) + (("HAS_DY", has_dy),) + partial_rows
+                              + stats + block + _common(pb), tile_options))  # fmt: skip
+            if not has_dy:
+                steps.append(Step(kernels.bwd_finalize_kernel, finalize_grid, (("HAS_W", pb.has_weight),
+                                  ("HAS_DY", False)) + partial_rows + stats + block_p + _common(pb),
+                                  merge_options))  # fmt: skip
     else:
-        steps = [Step("fwd_partials_kernel", grid, partial_rows + block + _common(pb), tile_options)]
+        steps = [Step(kernels.fwd_partials_kernel, grid, partial_rows + block + _common(pb), tile_options)]
     if not fused:
         flags = (("HAS_W", pb.has_weight), ("HAS_DY", True)) if pb.backward else ()
-        steps.append(Step(f"{d}_finalize_kernel", finalize_grid,
+        finalize = kernels.bwd_finalize_kernel if pb.backward else kernels.fwd_finalize_kernel
+        steps.append(Step(finalize, finalize_grid,
                           flags + partial_rows + stats + block_p + _common(pb), merge_options))  # fmt: skip
-    main = "bwd_dx_kernel" if pb.backward else "fwd_apply_kernel"
+    main = kernels.bwd_dx_kernel if pb.backward else kernels.fwd_apply_kernel
     dweight = layout.rows("dweight") if pb.backward else ()
     steps.append(Step(main, grid, (("FUSED", fused),) + _flags(pb) + partial_rows + dweight + stats + block
                       + block_p + _common(pb), tile_options))  # fmt: skip
@@ -470,7 +472,8 @@ def one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | 
     if maxnreg is not None:
         options += (("maxnreg", maxnreg),)
     constexprs = _flags(pb) + rows + (("BLOCK_C", block_c), ("BLOCK_HW", block_hw)) + parts + _common(pb)
-    steps = [Step(f"{'bwd' if pb.backward else 'fwd'}_one_pass_kernel", teams * size, constexprs, options)]
+    kernel = kernels.bwd_one_pass_kernel if pb.backward else kernels.fwd_one_pass_kernel
+    steps = [Step(kernel, teams * size, constexprs, options)]
     if pb.backward and (pb.has_weight or pb.has_bias):
         block_r, block_rc, reduce_grid, reduce_options = reduce
         steps.append(_reduce_step(pb, layout, pb.n * splits, block_r, block_rc, reduce_grid, reduce_options))
