@@ -12,7 +12,7 @@ the outputs against fixed output gradients with respect to every input that
 takes one; no .grad accumulation):
 
     liger         torch.ops.liger.* (custom op, torch.library autograd)
-    fast          the entry liger_nn calls (registrations._library.fast_call):
+    fast          the entry liger_nn calls (registrations.eager.eager_call):
                   the op's autograd formula without the dispatcher's crossing
     liger_kernel  upstream Liger-Kernel's autograd.Function.apply (when importable)
     compile       torch.compile of the eager reference
@@ -172,13 +172,13 @@ def build_path(op: str, path: str, device: str, dtype: str) -> Any:
 
 
 def _fast(op: str, liger: Any) -> Any:
-    """The liger provider's call, made through fast_call (what liger_nn calls)."""
+    """The liger provider's call, made through eager_call (what liger_nn calls)."""
     import torch
 
     from bench import providers
-    from registrations._library import fast_call
+    from registrations.eager import eager_call
 
-    call = fast_call(getattr(torch.ops.liger, op))
+    call = eager_call(getattr(torch.ops.liger, op))
     if op == "poly_norm":
         fn = lambda x, w, b: call(x, w, b, providers.POLY_NORM_EPS)  # noqa: E731
     elif op == "group_norm":

@@ -240,9 +240,56 @@ class Launcher:
         # A non-tensor among the tensors fails here (no .dtype).
         return dev, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]), scalar_key
 
+    def bind(self, grid: int, scalars: tuple) -> BoundLaunch:
+        """This launcher's launch with ``grid`` and ``scalars`` fixed (a prepared call's)."""
+        return BoundLaunch(self, grid, scalars)
+
     def compiled_for(self, *args: Any) -> Any:
         """The compiled kernel a direct launch would use for ``args`` (None if
         none yet); tests compare it with what ``kernel[grid]`` selects."""
         n = self._tensor_count(args)
         key = self._key(args[0].get_device(), args[:n], self._scalar_key(args[n:]))
         return self._compiled.get(key)
+
+
+class BoundLaunch:
+    """``launcher(grid, *tensors, *scalars)`` with the grid and scalars fixed:
+    ``bound(*tensors)``.  Made once per argument signature by an op's
+    prepared call (registrations/eager.py), whose tensors then always have
+    the same dtypes, 16-byte alignment and device, so the compiled kernel
+    the first launch selects serves every later one: those call it directly
+    with no key to compute.  Launch hooks (profilers), tracing and builds
+    without the direct path take ``Launcher.launch`` as before."""
+
+    __slots__ = ("_launcher", "_grid", "_scalars", "_scalar_key", "_compiled", "_device", "_tail")
+
+    def __init__(self, launcher: Launcher, grid: int, scalars: tuple):
+        self._launcher = launcher
+        self._grid = grid
+        self._scalars = scalars
+        self._scalar_key = scalar_specialization(scalars)
+        self._compiled: Any = None
+        self._device = -1
+        self._tail = (*scalars, *launcher._tail)
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        compiled = self._compiled
+        if compiled is None or _TRACING.active or _launch_hooks_installed():
+            launcher = self._launcher
+            launcher.launch(self._grid, tensors, self._scalars, self._scalar_key)
+            if compiled is None and launcher._n_runtime == len(tensors) + len(self._scalars):
+                self._device = tensors[0].get_device()
+                self._compiled = launcher._compiled.get(launcher._key(self._device, tensors, self._scalar_key))
+            return
+        dev = self._device
+        if dev != torch._C._cuda_getDevice():
+            with torch.cuda.device(dev):
+                self._run(compiled, dev, tensors)
+        else:
+            self._run(compiled, dev, tensors)
+
+    def _run(self, compiled: Any, dev: int, tensors: tuple) -> None:
+        compiled.run(
+            self._grid, 1, 1, torch._C._cuda_getCurrentRawStream(dev), compiled.function, compiled.packed_metadata,
+            None, None, None, *tensors, *self._tail,
+        )  # fmt: skip

@@ -17,7 +17,7 @@ rope_ takes reverse-mode gradients (registrations/rope.py); forward-mode AD
 through it raises naming it.
 
 Forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad): the
-op's Autograd kernel (registrations/_library.py) routes dual tensors to its
+op's Autograd kernel (registrations/autograd.py) routes dual tensors to its
 Formula, whose ``jvp`` calls the rule registered here:
 
 * rope, rope_backward are linear in q/k (dq/dk) and in (cos, sin) jointly:
@@ -37,10 +37,12 @@ from torch.autograd import forward_ad
 
 from csrc_free_ops.group_norm import reference as group_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
-from registrations._library import JVP_RULES, LIB, _any_tangent, _below_autograd, register_autograd_by_reference
+from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
+from registrations.eager import below_autograd
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
+from registrations.transforms import any_tangent
 
 # ---------------------------------------------------------------------------
 # vmap
@@ -265,13 +267,13 @@ def _not_differentiable(op: torch._ops.OpOverload, instead: str) -> None:
 
     def autograd_kernel(*args):
         if (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)) or (
-            forward_ad._current_level >= 0 and _any_tangent(args)
+            forward_ad._current_level >= 0 and any_tangent(args)
         ):
             raise NotImplementedError(
                 f"{name} is not differentiable (it writes in place, for inference and KV caches), but an input "
                 f"requires grad or carries a forward-mode tangent; use {instead}"
             )
-        return _below_autograd(op, args)
+        return below_autograd(op, args)
 
     LIB.impl(op._schema.name.split("::", 1)[1], autograd_kernel, "Autograd")
 

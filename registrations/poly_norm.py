@@ -19,6 +19,7 @@ from csrc_free_ops.poly_norm import launch, reference
 from registrations import _checks
 from registrations._library import (
     Entries,
+    Prepare,
     call_from_backward,
     define_op,
     register_autograd,
@@ -67,6 +68,9 @@ POLY_NORM = define_op(
     entries=Entries(
         cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
     ),
+    prepare=Prepare(
+        cuda=launch.prepare_cuda_forward, npu=launch.prepare_npu_forward, interpreted=launch.prepare_cuda_forward
+    ),
 )
 POLY_NORM_BACKWARD = define_op(
     "poly_norm_backward(Tensor grad_out, Tensor x, Tensor weight, float eps) -> (Tensor, Tensor, Tensor)",
@@ -77,6 +81,9 @@ POLY_NORM_BACKWARD = define_op(
         npu=launch.npu_backward,
         interpreted=launch.cuda_backward,
         reference=reference.backward,
+    ),
+    prepare=Prepare(
+        cuda=launch.prepare_cuda_backward, npu=launch.prepare_npu_backward, interpreted=launch.prepare_cuda_backward
     ),
 )
 
@@ -97,12 +104,9 @@ def _backward(ctx, grad_out):
         # The op returns dbias in weight's dtype: a float32 bias beside a bf16 weight would get a bf16-rounded
         # gradient.  dbias = sum(grad_out), summed here in the compute dtype (deterministic, no atomics).
         dbias = grad_out.sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
-    return (
-        dx if need_x else None,
-        dweight if need_w else None,
-        dbias.reshape(ctx.bias_shape).to(ctx.bias_dtype) if need_b else None,
-        None,
-    )
+    if need_b and (dbias.shape != ctx.bias_shape or dbias.dtype != ctx.bias_dtype):
+        dbias = dbias.reshape(ctx.bias_shape).to(ctx.bias_dtype)
+    return dx if need_x else None, dweight if need_w else None, dbias if need_b else None, None
 
 
 register_autograd(POLY_NORM, _backward, setup_context=_setup_context)

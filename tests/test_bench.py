@@ -572,7 +572,7 @@ def test_host_overhead_floor_and_native_run_forward_and_backward():
 
 @ON_CPU
 def test_host_overhead_fast_path_matches_the_op():
-    """The "fast" path (fast_call, what liger_nn calls) computes what torch.ops.liger computes."""
+    """The "fast" path (eager_call, what liger_nn calls) computes what torch.ops.liger computes."""
     from bench import host_overhead
 
     for op in host_overhead.TINY:

@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from registrations import _library
+from registrations import _library, decompose
 from tests.helpers import assert_close_to_ref
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +55,8 @@ def test_symbolic_sizes_keep_the_op_opaque():
     dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
     x = mode.from_tensor(torch.randn(4, 8), symbolic_context=dynamic)
     assert isinstance(x.shape[0], torch.SymInt)
-    assert not _library._concrete((x, 4, None, None, 1e-5))
-    assert not _library._concrete((torch.randn(4, 8), 4))  # a CPU tensor: the interpreter's kernels stay opaque
+    assert not decompose._concrete((x, 4, None, None, 1e-5))
+    assert not decompose._concrete((torch.randn(4, 8), 4))  # a CPU tensor: the interpreter's kernels stay opaque
 
 
 needs_cuda = pytest.mark.skipif(not CUDA, reason="the decomposed graph runs Triton kernels on a GPU")

@@ -157,7 +157,7 @@ def test_kernelized_layer_is_captured_whole_by_torch_compile(kernels):
         return gm.forward
 
     got = torch.compile(model, backend=backend, fullgraph=True)(*_inputs())
-    # The layer calls the op through fast_call, which under compile calls the overload (liger.rope.default).
+    # The layer calls the op through eager_call, which under compile calls the overload (liger.rope.default).
     ops = [str(n.target).removesuffix(".default") for n in graphs[0].graph.nodes if "liger" in str(n.target)]
     assert ops == ["liger.rope"]
     for g, w in zip(got, want, strict=True):

@@ -1,4 +1,4 @@
-"""registrations/_library.py: the direct call of an op's entry (skipping the
+"""registrations/eager.py: the direct call of an op's entry (skipping the
 dispatcher below Autograd) is taken exactly where the dispatcher would do
 nothing but reach that entry, and every other call still goes through it."""
 
@@ -9,7 +9,7 @@ from torch._subclasses import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from csrc_free_ops.poly_norm import launch, reference
-from registrations import _library
+from registrations import define, eager
 from tests.helpers import DEVICE, assert_close_to_ref
 
 OP = torch.ops.liger.poly_norm.default
@@ -30,12 +30,12 @@ class _Recorder(TorchDispatchMode):
 
 
 def test_plain_tensors_reach_the_entry_directly():
-    entry = _library._direct_entry(OP, _args(torch.randn(3, 16, device=DEVICE)))
-    assert entry is launch.cuda_forward or entry is _library._BOUND[OP].by_device["cpu"]
+    entry = eager.direct_entry(OP, _args(torch.randn(3, 16, device=DEVICE)))
+    assert entry is launch.cuda_forward or entry is define.BOUND[OP].by_device["cpu"]
 
 
 def test_tensors_with_extra_keys_go_through_the_dispatcher():
-    assert _library._direct_entry(OP, _args(torch.randn(3, 16, device=DEVICE)._neg_view())) is None
+    assert eager.direct_entry(OP, _args(torch.randn(3, 16, device=DEVICE)._neg_view())) is None
 
 
 def test_negative_view_is_resolved_by_the_dispatcher():
@@ -49,16 +49,16 @@ def test_negative_view_is_resolved_by_the_dispatcher():
 def test_modes_and_transforms_go_through_the_dispatcher():
     x = torch.randn(3, 16, device=DEVICE)
     with FakeTensorMode():
-        assert _library._direct_entry(OP, _args(torch.empty(3, 16, device=DEVICE))) is None
+        assert eager.direct_entry(OP, _args(torch.empty(3, 16, device=DEVICE))) is None
     with _Recorder():
-        assert _library._direct_entry(OP, _args(x)) is None
+        assert eager.direct_entry(OP, _args(x)) is None
     with torch.inference_mode():
-        assert _library._direct_entry(OP, _args(torch.randn(3, 16, device=DEVICE))) is None
+        assert eager.direct_entry(OP, _args(torch.randn(3, 16, device=DEVICE))) is None
     seen = []
     params = _args(x)[1:]
 
     def probe(t):
-        seen.append(_library._direct_entry(OP, (t, *params)))
+        seen.append(eager.direct_entry(OP, (t, *params)))
         return t.sum()
 
     torch.func.vmap(probe)(torch.randn(2, 3, 16, device=DEVICE))

@@ -3,12 +3,16 @@ and the entry of each dispatch key (registrations/poly_norm.py binds them):
 
 * ``cuda_forward`` / ``cuda_backward``: ``plan.cuda`` for the tensors' GPU
   (also the CPU interpreter path, which sizes grids by ``device.CPU_PROGRAMS``);
-* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
+* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile;
+* ``prepare_*``: each entry's prepared form (registrations/eager.py), the
+  same launches with the plan, launchers and scalars fixed for every call
+  with the arguments' signature.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import triton.language as tl
@@ -111,6 +115,75 @@ def backward(
         block_p = min(next_pow2(p.programs), MAX_REDUCE_BLOCK)
         _reduce_launcher(block_p, p.num_warps)(1, partials, dweight, dbias, p.programs)
     return dx, dweight, dbias
+
+
+# --- Prepared calls: what forward and backward work out from a signature, done once.
+# A prepared run keeps no tensor: only sizes, the plan and bound launches.
+
+
+def _prepared_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan) -> Callable:
+    n_rows, n_cols = _sizes(x)
+    if n_rows == 0 or not (x.is_contiguous() and weight.is_contiguous()):
+        return lambda x, weight, bias, eps: forward(x, weight, bias, eps, p)
+    scalars = (n_cols, 1, n_cols, n_rows, n_cols, eps)
+    launch = _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0]).bind(p.programs, scalars)
+
+    def run(x, weight, bias, eps):
+        y = torch.empty_like(x)
+        launch(x, weight, bias, y)
+        return y
+
+    return run
+
+
+def _prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan) -> Callable:
+    n_rows, n_cols = _sizes(x)
+    if n_rows == 0 or not (x.is_contiguous() and grad_out.is_contiguous() and weight.is_contiguous()):
+        return lambda grad_out, x, weight, eps: backward(grad_out, x, weight, eps, p)
+    compute, partial_dtype = _compute(x)
+    programs, device_, weight_dtype = p.programs, x.device, weight.dtype
+    scalars = (n_cols, 1, n_cols, 1, n_cols, n_rows, n_cols, eps)
+    tile = _launcher(True, p, True, compute).bind(programs, scalars)
+    # One program writes the parameter gradients itself: one launch.
+    reduce = None if programs == 1 else _reduce_launcher(min(next_pow2(programs), MAX_REDUCE_BLOCK), p.num_warps)
+    reduce = None if reduce is None else reduce.bind(1, (programs,))
+    partials_shape = (programs, kernels.N_PARTIALS.value)
+
+    def run(grad_out, x, weight, eps):
+        dx = torch.empty_like(x)
+        dweight = torch.empty(3, dtype=weight_dtype, device=device_)
+        dbias = torch.empty(1, dtype=weight_dtype, device=device_)
+        if reduce is None:
+            tile(grad_out, x, weight, dx, dweight, dweight, dbias)
+        else:
+            partials = torch.empty(partials_shape, dtype=partial_dtype, device=device_)
+            tile(grad_out, x, weight, dx, partials, dweight, dbias)
+            reduce(partials, dweight, dbias)
+        return dx, dweight, dbias
+
+    return run
+
+
+def prepare_cuda_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> Callable:
+    n_rows, n_cols = _sizes(x)
+    return _prepared_forward(x, weight, eps, plan.cuda(n_rows, n_cols, False, device.sms_of(x)))
+
+
+def prepare_cuda_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> Callable:
+    n_rows, n_cols = _sizes(x)
+    return _prepared_backward(grad_out, x, weight, eps, plan.cuda(n_rows, n_cols, True, device.sms_of(x)))
+
+
+def prepare_npu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> Callable | None:
+    if x.dtype == torch.float64 or x.stride(-1) != 1:
+        return None
+    return _prepared_forward(x, weight, eps, _npu_plan(x, False))
+
+
+def prepare_npu_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> Callable | None:
+    if x.dtype == torch.float64 or x.stride(-1) != 1 or grad_out.stride(-1) != 1:
+        return None
+    return _prepared_backward(grad_out, x, weight, eps, _npu_plan(x, True))
 
 
 # --- The entries of the dispatch keys

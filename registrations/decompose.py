@@ -1,0 +1,96 @@
+"""Under torch.compile: the kernels in the graph.
+
+Dynamo records a call of a liger op as one opaque node.  When AOTAutograd
+traces the graph (under FunctionalTensorMode), an op on CUDA tensors of
+concrete sizes is decomposed instead, as torch.library.triton_op does: its
+CUDA entry runs on the traced tensors with launches going through
+torch.library.wrap_triton (launcher.traced_launches), so the graph holds
+the entry's allocations and its triton_kernel_wrapper nodes, and Inductor
+launches the kernels from its generated code instead of calling back into
+Python for the op.  Everything else keeps the opaque op: other devices (the
+NPU, CPU tensors: the interpreter's kernels are no JITFunctions), symbolic
+sizes (the plans compute on plain ints; specializing them would recompile
+per shape), torch.export (a serializable program keeps high-level ops),
+tensor subclasses, and a launch the traced path cannot express
+(launcher.Untraceable).  CSRC_FREE_OPS_DECOMPOSE=0, or decomposition(False),
+turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from csrc_free_ops import launcher
+
+_DECOMPOSE = [os.environ.get("CSRC_FREE_OPS_DECOMPOSE", "1") != "0"]
+
+
+@contextlib.contextmanager
+def decomposition(enabled: bool) -> Iterator[None]:
+    """Whether graphs traced inside this block decompose the ops into their
+    kernels (the compiled code keeps what was traced)."""
+    previous = _DECOMPOSE[0]
+    _DECOMPOSE[0] = enabled
+    try:
+        yield
+    finally:
+        _DECOMPOSE[0] = previous
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _concrete(args: tuple) -> bool:
+    """Every tensor on CUDA with plain-int sizes, strides and offset, and no symbolic scalar."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            for s in (*a.shape, *a.stride(), a.storage_offset()):
+                if isinstance(s, _SYMBOLIC):
+                    return False
+            if a.device.type != "cuda":
+                return False
+        elif isinstance(a, _SYMBOLIC) or (isinstance(a, (list, tuple)) and any(isinstance(v, _SYMBOLIC) for v in a)):
+            return False
+    return True
+
+
+def _export_in_progress() -> bool:
+    """torch.export keeps custom ops whole (triton_op's rule); its switch is private, so a torch
+    without it counts as exporting never."""
+    try:
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+    except ImportError:
+        return False
+    return custom_triton_ops_decomposition_disabled()
+
+
+def _plain_types(types: Any) -> bool:
+    """Only the tensor types AOTAutograd's own tracing brings (triton_op's rule)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return all(issubclass(t, FakeTensor) or t in (torch.Tensor, FunctionalTensor) for t in types)
+
+
+def decomposition_of(sig: Any, check: Callable, cuda_entry: Callable) -> Callable:
+    """The op's FunctionalTensorMode rule: ``cuda_entry`` traced into the graph where it can be."""
+
+    def decompose(mode, op, types, args, kwargs):
+        if not _plain_types(types):
+            return NotImplemented
+        full = sig.complete(args, kwargs or {})
+        if not (_DECOMPOSE[0] and _concrete(full)) or _export_in_progress():
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        try:
+            with mode, launcher.traced_launches():
+                check(*full)
+                return cuda_entry(*full)
+        except launcher.Untraceable:  # what it traced before this is left unused, and dropped
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+
+    return decompose
