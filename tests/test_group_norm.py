@@ -720,7 +720,7 @@ def test_one_pass_small_teams_for_the_sanitizer(prefetch):
         assert plans[bw].team_size == 4
     y = launch.forward(x, 32, weight, bias, 1e-5, plans[False])
     grads = launch.backward(dy, x, 32, weight, bias, 1e-5, plans[True])
-    capped = [v[1] for v in launch._CAPPED.values() if v[0] is plans[False]]
+    capped = launch.capped_steps(plans[False])
     assert capped and capped[0] is not None and capped[0][0][1] // 4 < 2048  # several rounds per team
     check_against_reference(y, named_grads(*grads), x, 32, weight, bias, dy, 1e-5)
 
@@ -774,8 +774,8 @@ def test_one_pass_grid_is_capped_at_the_compiled_kernels_residency_or_falls_back
     weight, bias = make_params(512, "both", torch.float32)
     p = plan.cuda(problem(x, 32, weight, bias, False), launch._cuda_device(x.device, 132))
     y = launch.forward(x, 32, weight, bias, 1e-5, p)
-    (hit,) = [v for v in launch._CAPPED.values() if v[0] is p]
-    (launcher, grid), *_ = hit[1]
+    (hit,) = launch.capped_steps(p)
+    (launcher, grid), *_ = hit
     compiled = launcher.compiled_for(x, weight, bias, y, *launch._buffers(p, x), *launch._dims(x, p), 32, p.chunk,
                                      1e-5)  # fmt: skip
     props = torch.cuda.get_device_properties(x.device)
@@ -785,7 +785,7 @@ def test_one_pass_grid_is_capped_at_the_compiled_kernels_residency_or_falls_back
     strict = dataclasses.replace(p, max_rounds=0)
     fallback_y = launch.forward(x, 32, weight, bias, 1e-5, p.fallback)
     assert torch.equal(launch.forward(x, 32, weight, bias, 1e-5, strict), fallback_y)
-    assert [v[1] for v in launch._CAPPED.values() if v[0] is strict] == [None]
+    assert launch.capped_steps(strict) == [None]
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="too large for the interpreter")

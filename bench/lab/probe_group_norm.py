@@ -138,7 +138,7 @@ def describe(p, case) -> str:
     if p.path != "one_pass":
         return p.path
     c, o = dict(p.steps[0].constexprs), dict(p.steps[0].options)
-    capped = [v[1] for v in launch._CAPPED.values() if v[0] is p]
+    capped = launch.capped_steps(p)
     if capped and capped[0] is None:
         teams = f"->{p.fallback.path}"
     elif capped:

@@ -21,6 +21,8 @@ finds its plan under a key of plain ints, and each plan's launchers
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -29,22 +31,36 @@ from csrc_free_ops.group_norm import layout, plan, reference
 from csrc_free_ops.group_norm.plan import CudaDevice, Plan, Problem
 from csrc_free_ops.launcher import Launcher, placeholder, tracing
 
-# Plans (and their launchers) kept before a cache is dropped (a bound on its memory).
+# The op's one cache, with one bound on its memory: each call's plan under a key of plain ints
+# (``_cuda_plan``, ``_npu_plan``), each plan's launchers, and a one-pass plan's resident grid.
 MAX_CACHED = 1024
+_CACHE: dict[tuple, Any] = {}
 
-_LAUNCHES: dict[int, tuple[Plan, tuple[tuple[Launcher, int], ...]]] = {}
+
+def _cached(key: tuple, build: Callable[[], Any]) -> Any:
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) >= MAX_CACHED:
+            _CACHE.clear()
+        hit = _CACHE[key] = build()
+    return hit
+
+
+def _of_plan(key: tuple, p: Plan, build: Callable[[], Any]) -> Any:
+    """build() kept for p under ``key`` (which holds id(p)): checked by
+    identity, so a plan made at a dropped one's address is not taken for it."""
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not p:
+        if len(_CACHE) >= MAX_CACHED:
+            _CACHE.clear()
+        hit = _CACHE[key] = (p, build())
+    return hit[1]
 
 
 def _launches(p: Plan) -> tuple[tuple[Launcher, int], ...]:
     """(launcher, grid) of each step of p, built once per plan."""
-    hit = _LAUNCHES.get(id(p))
-    if hit is not None and hit[0] is p:
-        return hit[1]
-    launches = tuple((Launcher(s.kernel, **dict(s.constexprs), **dict(s.options)), s.grid) for s in p.steps)
-    if len(_LAUNCHES) >= MAX_CACHED:
-        _LAUNCHES.clear()
-    _LAUNCHES[id(p)] = (p, launches)
-    return launches
+    return _of_plan(("launches", id(p)), p, lambda: tuple(
+        (Launcher(s.kernel, **dict(s.constexprs), **dict(s.options)), s.grid) for s in p.steps))  # fmt: skip
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -153,8 +169,6 @@ def backward(
 
 # --- one-pass residency (plan.py: why the grid must be resident, and how it is capped)
 
-_CAPPED: dict[tuple, tuple[Plan, tuple[tuple[Launcher, int], ...] | None]] = {}
-
 
 def _steps(p: Plan, args: tuple, x: torch.Tensor) -> tuple[tuple[Launcher, int], ...] | None:
     """The (launcher, grid) of each step of p for these arguments: a one-pass
@@ -165,13 +179,13 @@ def _steps(p: Plan, args: tuple, x: torch.Tensor) -> tuple[tuple[Launcher, int],
         return _launches(p)
     if tracing():  # a traced launch cannot be capped to what stays resident: the two-walk fallback
         return None
-    key = (id(p), x.device, *(a.dtype for a in args if isinstance(a, torch.Tensor)))
-    hit = _CAPPED.get(key)
-    if hit is None or hit[0] is not p:
-        if len(_CAPPED) >= MAX_CACHED:
-            _CAPPED.clear()
-        hit = _CAPPED[key] = (p, _capped(p, args, x))
-    return hit[1]
+    key = ("capped", id(p), x.device, *(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    return _of_plan(key, p, lambda: _capped(p, args, x))
+
+
+def capped_steps(p: Plan) -> list[tuple[tuple[Launcher, int], ...] | None]:
+    """What ``_steps`` found for one-pass plan p on each device it ran on (tests and the probe read it)."""
+    return [hit[1] for key, hit in _CACHE.items() if key[0] == "capped" and hit[0] is p]
 
 
 def _capped(p: Plan, args: tuple, x: torch.Tensor) -> tuple[tuple[Launcher, int], ...] | None:
@@ -208,23 +222,15 @@ def _cuda_device(dev: torch.device, sms: int) -> CudaDevice:
     )
 
 
-_CUDA_PLANS: dict[tuple, Plan] = {}
-
-
 def _cuda_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool, backward: bool,
                activation: str) -> Plan:  # fmt: skip
     dev = x.device
     sms = device.sms_of(x)
     n, c, hw = _sizes(x)
     cl = layout.channels_last(x)
-    key = (n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation, cl, dev, sms)
-    p = _CUDA_PLANS.get(key)
-    if p is None:
-        if len(_CUDA_PLANS) >= MAX_CACHED:
-            _CUDA_PLANS.clear()
-        problem = Problem(n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation, cl)
-        p = _CUDA_PLANS[key] = plan.cuda(problem, _cuda_device(dev, sms))
-    return p
+    key = ("cuda", n, c, hw, num_groups, x.element_size(), has_weight, has_bias, backward, activation, cl, dev, sms)
+    return _cached(key, lambda: plan.cuda(Problem(n, c, hw, num_groups, x.element_size(), has_weight, has_bias,
+                                                  backward, activation, cl), _cuda_device(dev, sms)))  # fmt: skip
 
 
 def cuda_forward(
@@ -267,8 +273,10 @@ def _npu_plan(x: torch.Tensor, num_groups: int, has_weight: bool, has_bias: bool
     (``npu_forward``), since bishengir turns a tile whose last axis is
     strided -- the channels-last [channels, positions] tile -- into gathers
     that overflow the unified buffer (the Ascend compile check)."""
-    problem = Problem(*_sizes(x), num_groups, x.element_size(), has_weight, has_bias, backward, activation)
-    return plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
+    sizes, ub_bytes, cores = _sizes(x), device.npu_ub_bytes(), device.npu_vector_cores()
+    key = ("npu", *sizes, num_groups, x.element_size(), has_weight, has_bias, backward, activation, ub_bytes, cores)
+    return _cached(key, lambda: plan.npu(Problem(*sizes, num_groups, x.element_size(), has_weight, has_bias, backward,
+                                                 activation), ub_bytes, cores))  # fmt: skip
 
 
 def npu_forward(

@@ -56,7 +56,6 @@ All of it is plain-int arithmetic (``csrc_free_ops.host_math``).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import triton.language as tl
@@ -551,7 +550,6 @@ def _cuda_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan) -> Plan | None:
     return None
 
 
-@functools.lru_cache(maxsize=1024)
 def cuda(pb: Problem, dev: CudaDevice) -> Plan:
     if whole_fits(pb, BWD_GROUP_TILE if pb.backward else FWD_GROUP_TILE):
         padded = next_pow2(pb.cpg) * next_pow2(pb.hw)
@@ -586,7 +584,6 @@ def npu_split_bytes(itemsize: int, compute: int, backward: bool, activation: str
     return extra + max(itemsize + 4 * compute, 2 * itemsize + 2 * compute)
 
 
-@functools.lru_cache(maxsize=1024)
 def npu(pb: Problem, ub_bytes: int, vector_cores: int) -> Plan:
     """Whole groups where the padded group fits the UB budget, else split
     with the grid at most the vector cores (no launch options: triton-ascend

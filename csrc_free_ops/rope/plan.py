@@ -171,7 +171,6 @@ def row_bytes(p: Problem) -> int:
     return p.head_dim * (p.n_qh * p.q_itemsize + p.n_kh * p.k_itemsize)
 
 
-@functools.lru_cache(maxsize=1024)
 def cuda(p: Problem) -> Plan:
     half_w, pass_w = p.block_half, p.block_pass
     width = max(half_w, pass_w) if p.copy_pass else half_w
