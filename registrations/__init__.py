@@ -7,6 +7,7 @@ module imports the op modules it extends, so the order below is free.  Users imp
 
 from registrations import (
     _docs,
+    cross_entropy,  # noqa: F401
     functorch,  # noqa: F401
     group_norm,  # noqa: F401
     poly_norm,  # noqa: F401

@@ -11,6 +11,8 @@ slow per-sample loop with a warning):
   otherwise per sample.
 * poly_norm_backward, group_norm_backward: per sample (dweight and dbias are
   sums over each sample's rows, which one call would add across samples).
+* cross_entropy, cross_entropy_backward: per sample (a mean or sum over one
+  call would reduce across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
 
 rope_ takes reverse-mode gradients (registrations/rope.py); forward-mode AD
@@ -23,7 +25,7 @@ Formula, whose ``jvp`` calls the rule registered here:
 * rope, rope_backward are linear in q/k (dq/dk) and in (cos, sin) jointly:
   the tangent is the op itself on the tangents, plus the op on the primals
   with the tables' tangents; the kernels compute both.
-* poly_norm, group_norm and their backward ops: the jvp of the op's
+* poly_norm, group_norm, cross_entropy and their backward ops: the jvp of the op's
   pure-PyTorch reference (csrc_free_ops/<op>/reference.py) at the primals,
   in the reference's precision (float32 math, float64 for float64 data).
 """
@@ -35,9 +37,11 @@ from collections.abc import Callable
 import torch
 from torch.autograd import forward_ad
 
+from csrc_free_ops.cross_entropy import launch as cross_entropy_launch
 from csrc_free_ops.group_norm import reference as group_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
+from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -160,6 +164,8 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     ROPE_: _rope_inplace_vmap,
     GROUP_NORM: _group_norm_vmap,
     GROUP_NORM_BACKWARD: _group_norm_backward_vmap,
+    CROSS_ENTROPY: _per_sample(CROSS_ENTROPY),
+    CROSS_ENTROPY_BACKWARD: _per_sample(CROSS_ENTROPY_BACKWARD),
 }
 
 # ---------------------------------------------------------------------------
@@ -195,7 +201,8 @@ def _rope_jvp(op: torch._ops.OpOverload) -> Callable:
 def _by_reference(reference: Callable) -> Callable:
     """The jvp of ``reference`` (same arguments and outputs as the op) at the
     primals: the reference run on dual tensors of the forward-AD level that
-    asked (the primals detached, each with its tangent), so forward AD
+    asked (the float primals detached, each with its tangent; integer ones,
+    such as class targets, as they are), so forward AD
     differentiates it as it would any PyTorch code."""
 
     def rule(primals, tangents):
@@ -205,7 +212,7 @@ def _by_reference(reference: Callable) -> Callable:
             # backward), and a dual tensor needs memory of its own
             args = [
                 forward_ad.make_dual(p.detach().contiguous(), _tangent(t, p).contiguous())
-                if isinstance(p, torch.Tensor)
+                if isinstance(p, torch.Tensor) and p.is_floating_point()
                 else p
                 for p, t in zip(primals, tangents, strict=True)
             ]
@@ -222,6 +229,15 @@ def _output_tangent(out: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(out) if tangent is None else tangent
 
 
+def _loss_only(rule: Callable) -> Callable:
+    """A loss op's rule with tangents for its loss alone: its z_loss and lse are not differentiable."""
+
+    def loss_rule(primals, tangents):
+        return rule(primals, tangents)[0], None, None
+
+    return loss_rule
+
+
 JVP: dict[torch._ops.OpOverload, Callable] = {
     POLY_NORM: _by_reference(poly_norm_reference.forward),
     POLY_NORM_BACKWARD: _by_reference(poly_norm_reference.backward),
@@ -229,6 +245,8 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     ROPE_BACKWARD: _rope_jvp(ROPE_BACKWARD),
     GROUP_NORM: _by_reference(group_norm_reference.forward),
     GROUP_NORM_BACKWARD: _by_reference(group_norm_reference.backward),
+    CROSS_ENTROPY: _loss_only(_by_reference(cross_entropy_launch.reference_forward)),
+    CROSS_ENTROPY_BACKWARD: _by_reference(cross_entropy_launch.reference_backward),
 }
 
 

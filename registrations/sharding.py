@@ -51,6 +51,11 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   redistributed.
 * rope_: per mesh dim, (q, k) placed as rope allows above, or Partial
   sum/avg (rotation is linear), the other R.
+* cross_entropy: logits and target S(0) (rows), weight R -> lse S(0), loss
+  and z_loss S(0) for reduction none, P for sum; mean only replicated (it
+  divides by the count over all rows).  Backward likewise, grad_loss S(0)
+  (none) or R (sum).  Logits sharded over the classes are redistributed
+  (gathered): no vocabulary-parallel loss.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.experimental import register_sharding
 from torch.utils import _pytree as pytree
 
+from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
@@ -128,6 +134,8 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     ROPE_BACKWARD: lambda a: [True, a.get("dk")],
     GROUP_NORM: lambda a: [True],
     GROUP_NORM_BACKWARD: lambda a: [True, a.get("weight"), a.get("bias")],
+    CROSS_ENTROPY: lambda a: [True, True, True],
+    CROSS_ENTROPY_BACKWARD: lambda a: [True],
 }
 
 
@@ -256,6 +264,29 @@ def _local_num_groups(op: torch._ops.OpOverload) -> Callable:
 
 
 # ---------------------------------------------------------------------------
+# cross_entropy: rows are independent; the softmax runs over the classes (the last dim).
+# A mean divides by the count over every row, which no shard knows: only replicated.
+
+
+def _loss_rows(a: dict) -> list:
+    """(loss placement, z-loss placement) for rows sharded on S(0), None for mean."""
+    reduction = a.get("reduction", "mean")
+    if reduction == "mean":
+        return []
+    loss = Shard(0) if reduction == "none" else P
+    return [loss]
+
+
+def _cross_entropy(a: dict) -> list:
+    return [([loss, loss, Shard(0)], {"logits": Shard(0), "target": Shard(0), "weight": R}) for loss in _loss_rows(a)]
+
+
+def _cross_entropy_backward(a: dict) -> list:
+    rows = {"logits": Shard(0), "target": Shard(0), "lse": Shard(0), "weight": R}
+    return [([Shard(0)], {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
+
+
+# ---------------------------------------------------------------------------
 # rope_ (in place): q and k keep their placements.
 
 
@@ -328,6 +359,8 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     ROPE_BACKWARD: _rule(ROPE_BACKWARD, _rope_like("dq", "dk")),
     GROUP_NORM: _rule(GROUP_NORM, _group_norm),
     GROUP_NORM_BACKWARD: _rule(GROUP_NORM_BACKWARD, _group_norm_backward),
+    CROSS_ENTROPY: _rule(CROSS_ENTROPY, _cross_entropy),
+    CROSS_ENTROPY_BACKWARD: _rule(CROSS_ENTROPY_BACKWARD, _cross_entropy_backward),
 }
 HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM: _local_num_groups(GROUP_NORM),

@@ -57,6 +57,13 @@ CASES = {
         {"pairs": "rotate_half"},
         ValueError,
     ),
+    "cross_entropy": (torch.ops.liger.cross_entropy, lambda: (_x(4, 9), _ids(5)), {}, ValueError),
+    "cross_entropy_backward": (
+        torch.ops.liger.cross_entropy_backward,
+        lambda: (_x(4), _x(4, 9), _ids(4), _x(4), None, -100, 0.0, "mean", 0.0, None),
+        {},
+        ValueError,
+    ),
 }
 
 
