@@ -236,7 +236,7 @@ def _prepared_forward(x, num_groups, weight, bias, eps, p: Plan) -> Callable:
     workspace_shape, workspace_dtype, dev = p.workspace, _compute_dtype(x), x.device
 
     def run(x, num_groups, weight, bias, eps, activation="none"):
-        y = layout.empty_output(x)
+        y = torch.empty_like(x)  # x is read in place: contiguous or dense channels-last, kept by empty_like
         w = x if weight is None else weight  # a parameter the plan's kernels never read
         b = x if bias is None else bias
         ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
@@ -258,7 +258,7 @@ def _prepared_backward(grad_out, x, num_groups, weight, bias, eps, p: Plan | Non
     bias_dtype = None if bias is None else bias.dtype
 
     def run(grad_out, x, num_groups, weight, bias, eps, activation="none"):
-        dx = layout.empty_output(x)
+        dx = torch.empty_like(x)
         dweight = None if weight_dtype is None else torch.empty(c, dtype=weight_dtype, device=dev)
         dbias = None if bias_dtype is None else torch.empty(c, dtype=bias_dtype, device=dev)
         ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
