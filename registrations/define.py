@@ -76,10 +76,17 @@ class Signature:
         self.n_positional = sum(not a.kwarg_only for a in arguments)
         self.defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
         self.keyword_names = self.names[self.n_positional :]
+        # The defaults of the trailing arguments that all have one, for calls without keywords.
+        n_required = max((i + 1 for i, n in enumerate(self.names) if n not in self.defaults), default=0)
+        self.n_required = n_required
+        self.default_tail = tuple(self.defaults[n] for n in self.names[n_required:])
 
     def complete(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
-        if len(args) == self.n_args:
+        n = len(args)
+        if n == self.n_args:
             return args
+        if not kwargs and n >= self.n_required:
+            return args + self.default_tail[n - self.n_required :]
         return (*args, *(kwargs[n] if n in kwargs else self.defaults[n] for n in self.names[len(args) :]))
 
     def call(self, op: Callable, args: tuple):

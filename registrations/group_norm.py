@@ -28,6 +28,7 @@ from csrc_free_ops.group_norm import launch, layout, reference
 from registrations import _checks
 from registrations._library import (
     Entries,
+    Prepare,
     call_from_backward,
     define_op,
     register_autograd,
@@ -95,6 +96,7 @@ GROUP_NORM = define_op(
     entries=Entries(
         cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
     ),
+    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=launch.prepare_cuda_forward),
 )
 GROUP_NORM_BACKWARD = define_op(
     "group_norm_backward(Tensor grad_out, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, *,"
@@ -107,6 +109,7 @@ GROUP_NORM_BACKWARD = define_op(
         interpreted=launch.cuda_backward,
         reference=reference.backward,
     ),
+    prepare=Prepare(cuda=launch.prepare_cuda_backward, interpreted=launch.prepare_cuda_backward),
 )
 
 

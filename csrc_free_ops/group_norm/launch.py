@@ -5,7 +5,10 @@ them):
 * ``cuda_forward`` / ``cuda_backward``: ``plan.cuda`` for the tensors' GPU
   (also the CPU interpreter path, with ``device.CPU_PROGRAMS`` as SMs and
   no one-pass plans);
-* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
+* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile;
+* ``prepare_*``: each entry's prepared form (registrations/eager.py): the
+  same steps with the plan, launchers and scalars fixed for every call with
+  the arguments' signature.
 
 The sequence runs a plan's steps in order, each with the direction's one
 argument tuple (kernels.py; the activation is a constexpr of the plan's): x
@@ -200,6 +203,84 @@ def _capped(p: Plan, args: tuple, x: torch.Tensor) -> tuple[tuple[Launcher, int]
     if teams == 0 or -(-p.counters // teams) > p.max_rounds:
         return None
     return ((launcher, teams * p.team_size), *launches[1:])
+
+
+# --- prepared calls: what forward and backward work out from a signature, done once.
+# A prepared run keeps no tensor: only sizes, the plan and bound launches.  Plans that need
+# barrier counters or a residency cap keep the general sequence with the plan fixed.
+
+
+def _bindable(p: Plan, x: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    """p's steps can be bound once: no counters, no one-pass cap, x read in place, parameters contiguous."""
+    if p.counters or p.team_size or x.numel() == 0:
+        return False
+    if layout.as_read(x)[0] is not x or layout.channels_last(x) != p.channels_last:
+        return False
+    return all(t is None or t.is_contiguous() for t in params)
+
+
+def _in_layout(t: torch.Tensor, is_channels_last: bool) -> bool:
+    """t is read in place in that layout (``layout.like`` returns it as is)."""
+    return layout.dense_channels_last(t) if is_channels_last else t.is_contiguous()
+
+
+def _bound_steps(p: Plan, x: torch.Tensor, num_groups: int, eps: float) -> tuple:
+    scalars = (*_dims(x, p), num_groups, p.chunk, eps)
+    return tuple(launcher.bind(grid, scalars) for launcher, grid in _launches(p))
+
+
+def _prepared_forward(x, num_groups, weight, bias, eps, p: Plan) -> Callable:
+    if not _bindable(p, x, weight, bias):
+        return lambda x, num_groups, weight, bias, eps, activation="none": forward(x, num_groups, weight, bias, eps, p)
+    steps = _bound_steps(p, x, num_groups, eps)
+    workspace_shape, workspace_dtype, dev = p.workspace, _compute_dtype(x), x.device
+
+    def run(x, num_groups, weight, bias, eps, activation="none"):
+        y = torch.empty_like(x)  # x is read in place: contiguous or dense channels-last, kept by empty_like
+        w = x if weight is None else weight  # a parameter the plan's kernels never read
+        b = x if bias is None else bias
+        ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
+        for step in steps:
+            step(x, w, b, y, ws, x)
+        return y
+
+    return run
+
+
+def _prepared_backward(grad_out, x, num_groups, weight, bias, eps, p: Plan | None) -> Callable:
+    if p is None or not _bindable(p, x, weight, bias) or not _in_layout(grad_out, p.channels_last):
+        return lambda grad_out, x, num_groups, weight, bias, eps, activation="none": backward(
+            grad_out, x, num_groups, weight, bias, eps, p
+        )
+    steps = _bound_steps(p, x, num_groups, eps)
+    workspace_shape, workspace_dtype, dev, c = p.workspace, _compute_dtype(x), x.device, x.shape[1]
+    weight_dtype = None if weight is None else weight.dtype
+    bias_dtype = None if bias is None else bias.dtype
+
+    def run(grad_out, x, num_groups, weight, bias, eps, activation="none"):
+        dx = torch.empty_like(x)
+        dweight = None if weight_dtype is None else torch.empty(c, dtype=weight_dtype, device=dev)
+        dbias = None if bias_dtype is None else torch.empty(c, dtype=bias_dtype, device=dev)
+        ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
+        tensors = (grad_out, x, x if weight is None else weight, x if bias is None else bias, dx,
+                   x if dweight is None else dweight, x if dbias is None else dbias, ws, x)  # fmt: skip
+        for step in steps:
+            step(*tensors)
+        return dx, dweight, dbias
+
+    return run
+
+
+def prepare_cuda_forward(x, num_groups, weight, bias, eps, activation="none") -> Callable:
+    p = None if x.numel() == 0 else _cuda_plan(x, num_groups, weight is not None, bias is not None, False, activation)
+    if p is None:
+        return None
+    return _prepared_forward(x, num_groups, weight, bias, eps, p)
+
+
+def prepare_cuda_backward(grad_out, x, num_groups, weight, bias, eps, activation="none") -> Callable:
+    p = _cuda_plan(x, num_groups, weight is not None, bias is not None, True, activation) if x.numel() else None
+    return _prepared_backward(grad_out, x, num_groups, weight, bias, eps, p)
 
 
 # --- the entries of the dispatch keys

@@ -1,0 +1,103 @@
+"""The eager host path does per call only what a call must: after the first
+call with a signature, a plain eager call makes no more Python calls than a
+bare autograd.Function with one allocation per direction, plus a fixed few
+(the signature key, the prepared run, the launches), and never re-runs the
+check, the plan or the launch sequence's general path.  Launches are
+stubbed: the counts are host work alone."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from csrc_free_ops import launcher
+from registrations.eager import eager_call
+from tests.helpers import DEVICE
+
+# Python calls a plain call may make beyond the bare Function's (forward; forward and backward).
+EXTRA_FORWARD = 8
+EXTRA_FORWARD_BACKWARD = 20
+# Work that depends only on the signature: seen on the first call, never again.
+ONCE_PER_SIGNATURE = ("_check", "_check_backward", "cuda", "_cuda_plan", "forward", "backward", "_launch")
+
+
+def _python_calls(step) -> Counter:
+    step()  # the signature's first call prepares it
+    seen: Counter = Counter()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen[(frame.f_code.co_filename, frame.f_code.co_name)] += 1
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+class _Floor(torch.autograd.Function):
+    """The bare Function: one allocation per output in each direction."""
+
+    @staticmethod
+    def forward(ctx, x, *params):
+        ctx.n_params = len(params)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return torch.empty_like(dy), *(None,) * ctx.n_params
+
+
+def _cases():
+    x = torch.randn(4, 64, device=DEVICE, requires_grad=True)
+    w = torch.randn(3, device=DEVICE, requires_grad=True)
+    b = torch.randn(1, device=DEVICE, requires_grad=True)
+    poly_norm = eager_call(torch.ops.liger.poly_norm)
+    yield "poly_norm", (lambda: poly_norm(x, w, b, 1e-6)), (x, w, b)
+    gx = torch.randn(2, 8, 16, device=DEVICE, requires_grad=True)
+    gw = torch.randn(8, device=DEVICE, requires_grad=True)
+    gb = torch.randn(8, device=DEVICE, requires_grad=True)
+    group_norm = eager_call(torch.ops.liger.group_norm)
+    yield "group_norm", (lambda: group_norm(gx, 4, gw, gb, 1e-5)), (gx, gw, gb)
+
+
+@pytest.fixture
+def stubbed_launches(monkeypatch):
+    monkeypatch.setattr(launcher.Launcher, "_launch_by_triton", lambda self, grid, args: None)
+
+
+def _count(calls: Counter) -> int:
+    return sum(calls.values())
+
+
+def _forward_backward(forward, inputs):
+    def step():
+        y = forward()
+        return torch.autograd.grad(y, inputs, torch.ones_like(y), allow_unused=True)
+
+    return step
+
+
+@pytest.mark.parametrize("case", list(_cases()), ids=lambda c: c[0])
+def test_a_plain_call_costs_a_bare_function_and_a_fixed_few(case, stubbed_launches):
+    _, call, inputs = case
+
+    def floor():
+        return _Floor.apply(*inputs)
+
+    counts = {}
+    for name, ours, bare, extra in (
+        ("forward", call, floor, EXTRA_FORWARD),
+        ("forward and backward", _forward_backward(call, inputs), _forward_backward(floor, inputs),
+         EXTRA_FORWARD_BACKWARD),
+    ):  # fmt: skip
+        calls = _python_calls(ours)
+        repeated = [fn for (_, fn) in calls if fn in ONCE_PER_SIGNATURE]
+        assert not repeated, f"{name}: per-signature work repeated on a prepared call: {repeated}"
+        counts[name] = (sum(calls.values()), sum(_python_calls(bare).values()))
+        assert counts[name][0] <= counts[name][1] + extra, (name, counts[name], calls)
