@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One chain of device runs, each step logged with its start, end and exit status.
+#
+#   RESULTS=/tmp/chain bash bench/lab/chain.sh STEP [STEP ...]
+#
+# Run it in the background (setsid) from a copy of the tree, with the wheels of
+# bench/lab/README.md on PYTHONPATH, and pack $RESULTS while it runs
+# (bench/lab/pack.sh).  Each step writes $RESULTS/<step>.log plus its own files;
+# chain.log holds the times.  A step that outlasts STEP_TIMEOUT seconds is cut.
+set -u
+RESULTS=${RESULTS:-/tmp/chain}
+STEP_TIMEOUT=${STEP_TIMEOUT:-900}
+mkdir -p "$RESULTS"
+card=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else 'gpu')")
+commit=$(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+stamp="$(date +%Y-%m-%d)-${commit}-${card}"
+
+log() { echo "$(date +%H:%M:%S) $*" >> "$RESULTS/chain.log"; }
+
+run_step() {
+  local name=$1
+  shift
+  log "$name"
+  timeout "$STEP_TIMEOUT" "$@" > "$RESULTS/$name.log" 2>&1
+  log "$name rc=$?"
+}
+
+log "start $stamp"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv >> "$RESULTS/chain.log" 2>&1
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$RESULTS/chain.log" 2>&1
+
+for step in "$@"; do
+  case $step in
+    gpu_tests)
+      run_step gpu_tests python3 -m pytest -q -n 8 -p no:cacheprovider tests --junitxml="$RESULTS/gpu_tests-$stamp.xml" ;;
+    host_overhead)
+      run_step host_overhead python3 -m bench.host_overhead --steps off ;;
+    host_steps)
+      run_step host_steps python3 -m bench.host_overhead --paths native --ops group_norm --steps on ;;
+    steps_eager)
+      run_step steps_eager python3 -m bench.steps --modes eager --quick --rounds 5 --layout contiguous,channels_last \
+        --out "$RESULTS/steps_eager" ;;
+    steps_compiled)
+      run_step steps_compiled python3 -m bench.steps --modes compile,reduce-overhead --quick \
+        --layout contiguous,channels_last --out "$RESULTS/steps_compiled" ;;
+    probe_group_norm)
+      run_step probe_group_norm python3 -m bench.lab.probe_group_norm ;;
+    ops-*)
+      # ops-<op>[+<op>...]-<set>[+<set>...]: the op table of those ops and shape sets, both timers
+      local_spec=${step#ops-}
+      ops=${local_spec%%-*}
+      sets=${local_spec#*-}
+      run_step "$step" python3 -m bench.run --ops "${ops//+/,}" --sets "${sets//+/,}" --quick --timer graph,eager \
+        --no-plots --out "$RESULTS/$step" ;;
+    *)
+      log "unknown step $step" ;;
+  esac
+done
+log "done"
