@@ -207,15 +207,20 @@ def eager_call(op: torch._ops.OpOverloadPacket | torch._ops.OpOverload) -> Calla
     direct = DIRECT_KERNELS[op]
     calls = calls_of(op)
     sig = signature(op)
-    n_args = sig.n_args
+    n_args, n_required, default_tail = sig.n_args, sig.n_required, sig.default_tail
 
     def call(*args, **kwargs):
         if _is_compiling():
             return op(*args, **kwargs)
-        if kwargs or len(args) != n_args:
-            if kwargs and any(isinstance(v, _Tensor) for v in kwargs.values()):
+        n = len(args)
+        if kwargs:
+            if any(isinstance(v, _Tensor) for v in kwargs.values()):
                 return op(*args, **kwargs)
             args = sig.complete(args, kwargs)
+        elif n != n_args:
+            if not n_required <= n < n_args:  # the op's own error for a wrong argument count
+                return op(*args)
+            args = args + default_tail[n - n_required :]
         run = calls.run_for(args)
         if run is None:
             return sig.call(op, args)

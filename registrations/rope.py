@@ -64,7 +64,7 @@ from torch.autograd import forward_ad
 
 from csrc_free_ops.rope import launch, reference
 from registrations import _checks, overlap
-from registrations._library import LIB, Entries, call_from_backward, define_op, register_autograd
+from registrations._library import LIB, Entries, Prepare, call_from_backward, define_op, register_autograd
 
 _OP = "liger.rope"
 # position_ids and cu_seqlens are positional (with defaults): torch.library.register_vmap and
@@ -281,6 +281,15 @@ def _on_cpu(op: str, entry):
     return run
 
 
+def _on_cpu_prepared(op: str, prepare):
+    """A CPU binding's prepared form: the prepared run after the position check (it reads values: every call)."""
+
+    def prepare_on_cpu(*args):
+        return _on_cpu(op, prepare(*args))
+
+    return prepare_on_cpu
+
+
 def _fake(q, k, cos, sin, *options):
     return (None if q is None else torch.empty_like(q)), (None if k is None else torch.empty_like(k))
 
@@ -299,6 +308,7 @@ ROPE = define_op(
         interpreted=_on_cpu(_OP, launch.cuda_forward),
         reference=_on_cpu(_OP, reference.forward),
     ),
+    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=_on_cpu_prepared(_OP, launch.prepare_cuda_forward)),
 )
 ROPE_BACKWARD = define_op(
     f"rope_backward(Tensor dq, Tensor? dk, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor, Tensor?)",
@@ -309,6 +319,10 @@ ROPE_BACKWARD = define_op(
         npu=launch.npu_backward,
         interpreted=_on_cpu(_OP + "_backward", launch.cuda_backward),
         reference=_on_cpu(_OP + "_backward", reference.backward),
+    ),
+    prepare=Prepare(
+        cuda=launch.prepare_cuda_backward,
+        interpreted=_on_cpu_prepared(_OP + "_backward", launch.prepare_cuda_backward),
     ),
 )
 ROPE_ = define_op(

@@ -16,6 +16,7 @@ in its order.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -337,6 +338,63 @@ def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_p
 
 def _partial(q: Tensor | None, k: Tensor | None, cos: Tensor) -> bool:
     return cos.shape[-1] < (q if q is not None else k).shape[-1]
+
+
+# --- Prepared calls (registrations/eager.py): the rotation's layout, kernel and scalars worked out
+# once per argument signature.  A prepared run keeps no tensor.
+
+
+def _prepared(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p: Plan,
+              transpose: bool) -> Callable:  # fmt: skip
+    """``forward`` (``backward`` when ``transpose``) with plan p, for every
+    call with these arguments' signature."""
+    general = backward if transpose else forward
+
+    def general_run(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+        return general(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
+                       mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+
+    packed = (q if q is not None else k).dim() == 3
+    # Outputs come from empty_like, whose strides follow the inputs' signature: these samples have them.
+    q_out, k_out = _empty_like(q), _empty_like(k)
+    views = (heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out))
+    prepared = _prepare(*views, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p,
+                        transpose, False)  # fmt: skip
+    if prepared.run is None:
+        return general_run
+    launch = prepared.run.bind(p.programs, prepared.scalars)
+    if packed or q is None or k is None:
+
+        def run_views(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+            q_out, k_out = _empty_like(q), _empty_like(k)
+            launch(*kernel_tensors(heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out), cos, sin,
+                                   position_ids, cu_seqlens))  # fmt: skip
+            return q_out, k_out
+
+        return run_views
+
+    def run(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        # kernel_tensors' order; absent ids take cos, never read
+        launch(q, k, q_out, k_out, cos, sin, cos if position_ids is None else position_ids,
+               cos if cu_seqlens is None else cu_seqlens)  # fmt: skip
+        return q_out, k_out
+
+    return run
+
+
+def prepare_cuda_forward(
+    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> Callable:
+    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
+    return _prepared(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p, False)
+
+
+def prepare_cuda_backward(
+    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
+) -> Callable:
+    p = _cuda_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
+    return _prepared(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p, True)
 
 
 _CUDA_PLANS: dict[tuple, Plan] = {}
