@@ -42,7 +42,12 @@ import warnings
 import torch
 from torch import nn
 
-from liger_nn import patching
+from liger_nn.patching.checks import Skip
+from liger_nn.patching.hf_modules import MODELS_PREFIX, hub_function, signature_of
+from liger_nn.patching.report import LigerPatchWarning
+from liger_nn.patching.rope_check import check_rope
+from liger_nn.patching.rope_dropin import make_hf_rope
+from liger_nn.patching.rope_table import ROPE_CONVENTIONS, ROPE_PREFIX
 from liger_nn.rope import apply_rotary_pos_emb
 
 ROTARY_LAYER_NAME = "rotary_pos_emb"
@@ -135,10 +140,10 @@ def check_rotary_functions() -> dict[str, bool]:
     whether it is routed through the op."""
     verdicts = {}
     for module_name, module in list(sys.modules.items()):
-        if not module_name.startswith(patching._MODELS_PREFIX) or module is None:
+        if not module_name.startswith(MODELS_PREFIX) or module is None:
             continue
         for name, obj in list(vars(module).items()):
-            if name.startswith(patching._ROPE_PREFIX) and _is_rotary_layer(obj):
+            if name.startswith(ROPE_PREFIX) and _is_rotary_layer(obj):
                 verdicts[f"{module_name}.{name}"] = _routes(obj)
     return verdicts
 
@@ -157,7 +162,7 @@ def _routes(layer: nn.Module) -> bool:
 
 
 def _describe(layer: nn.Module) -> str:
-    function = patching.hub_function(layer)
+    function = hub_function(layer)
     name = f"{function.__module__}.{function.__qualname__}" if function is not None else type(layer).__qualname__
     return f"the rotary function {name} (hub layer {ROTARY_LAYER_NAME!r})"
 
@@ -168,17 +173,17 @@ def _check(layer: nn.Module) -> bool:
     def original(*args, **kwargs):
         return type(layer).forward(layer, *args, **kwargs)
 
-    original.__signature__ = patching._rotary_signature(layer)
-    convention = patching.ROPE_CONVENTIONS["halves"]
+    original.__signature__ = signature_of(layer)
+    convention = ROPE_CONVENTIONS["halves"]
     try:
         if list(original.__signature__.parameters) != _FORWARD_PARAMETERS:
-            raise patching._Skip(f"it takes {original.__signature__}, the layer (q, k, cos, sin, unsqueeze_dim=1)")
-        replacement = patching._make_hf_rope(original, convention.adapter)
-        patching._check_rope(original, replacement, convention)
-    except patching._Skip as why:
+            raise Skip(f"it takes {original.__signature__}, the layer (q, k, cos, sin, unsqueeze_dim=1)")
+        replacement = make_hf_rope(original, convention.adapter)
+        check_rope(original, replacement, convention)
+    except Skip as why:
         warnings.warn(
             f"liger_nn.hub: {_describe(layer)} keeps its own code under kernelize: {why}",
-            patching.LigerPatchWarning,
+            LigerPatchWarning,
             stacklevel=2,
         )
         return False

@@ -1,0 +1,56 @@
+"""apply_liger_ops: the patch kinds in the order they run, and the one call that runs them."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+from torch import nn
+
+from liger_nn.patching import swap_group_norm, swap_poly_norm
+from liger_nn.patching.fuse_group_norm_silu import fuse_resnet_blocks
+from liger_nn.patching.handle import LigerPatch
+from liger_nn.patching.module_swaps import ModuleRule, swap_modules
+from liger_nn.patching.report import LigerPatchWarning, PatchReport
+from liger_nn.patching.rope_table import ROPE_ARCHITECTURES
+from liger_nn.patching.swap_rope import patch_rope
+
+# The module swaps, in the order a module is offered to them (the first that takes it as a
+# candidate decides); a new module-swapped op adds its swap_<op>.RULE here.
+MODULE_RULES: tuple[ModuleRule, ...] = (swap_group_norm.RULE, swap_poly_norm.RULE)
+
+
+def apply_liger_ops(
+    model: nn.Module,
+    *,
+    rope: bool = True,
+    group_norm: bool = True,
+    poly_norm: bool = True,
+    rope_architectures: Iterable[str] = ROPE_ARCHITECTURES,
+    group_norm_silu: bool = True,
+) -> LigerPatch:
+    """Swap torch.ops.liger into ``model`` (see ``liger_nn.patching`` for what and
+    how).  Returns a LigerPatch whose ``report`` lists each replacement and each
+    candidate left alone; ``remove()`` (or ``with apply_liger_ops(m):``) undoes it.
+
+    Patch before ``torch.compile`` and before wrapping the model (DDP/FSDP):
+    module swaps change the module tree.  The rotary swap covers every model of
+    a patched architecture in the process (including copies made later)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply_liger_ops expects an nn.Module, got {type(model).__name__}")
+    handle = LigerPatch(model, PatchReport())
+    module_kinds = {"group_norm": group_norm, "poly_norm": poly_norm}
+    rules = [rule for rule in MODULE_RULES if module_kinds[rule.kind]]
+    try:
+        if rope:
+            patch_rope(model, frozenset(rope_architectures), handle)
+        if rules:
+            swap_modules(model, rules, handle)
+        if group_norm_silu:
+            fuse_resnet_blocks(model, handle)
+    except BaseException:
+        handle.remove()
+        raise
+    for message in handle.report.warnings:
+        warnings.warn(message, LigerPatchWarning, stacklevel=2)
+    return handle
