@@ -105,8 +105,7 @@ def _viewed_again(t: torch.Tensor) -> torch.Tensor:
     else t.  rope_ marks the base modified, after which autograd rebuilds
     t's own history as an as_strided of the base, whose backward fills a
     base-sized zero gradient and copies into it (two passes more than the
-    rotation's own, the H100's model-layout backward at 2.3x upstream's);
-    view and permute pass the gradient through as views."""
+    rotation's own); view and permute pass the gradient through as views."""
     if not t._is_view():
         return t
     base = t._base

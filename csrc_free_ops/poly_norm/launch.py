@@ -208,7 +208,7 @@ def _npu_plan(x: torch.Tensor, backward: bool) -> Plan:
 
 def _unit_column_stride(t: torch.Tensor) -> torch.Tensor:
     """t, copied when its last dim is not unit-stride: triton-ascend then compiles
-    the row loads as gathers that need 2-5x the UB the plan budgets (bishengir:
+    the row loads as gathers that need several times the UB the plan budgets (bishengir:
     ub overflow at every planned tile), where a stride of 1 is specialized away."""
     return t if t.stride(-1) == 1 else t.contiguous()
 

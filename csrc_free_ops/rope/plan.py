@@ -10,24 +10,20 @@ heads loop (dropped when both head blocks hold all heads) and the row loop
 
 CUDA (also the CPU interpreter path): one program per row, each a single
 warp, with head blocks sized so a tile holds at most TILE_BYTES of input per
-half.  One warp won on an H200 at every shape swept (bf16, 32/8 heads x 256,
-B*T 1k..64k rows; 8 KiB tiles 1-2% ahead of 4 KiB at 16k+ rows, within 1%
-below; 2 warps 1-8% and 4-8 warps up to 20% slower):
-bench/lab/results/2026-12-02-343882b/rope_tile_sweep.txt.  Interleaved
+half: the fastest of a sweep of warps x tile bytes (bench/lab/NOTES.md,
+"Where the code's tuning constants come from").  Interleaved
 pairs are loaded as one contiguous tile and split in registers (vectorized
 loads).  The tokens' sequence starts are found among up to MAX_SEQS_BLOCK
 cu_seqlens entries per step.
 
 CUDA, heads adjacent (HF's q and k: (B, S, H, D) memory viewed (B, H, S, D),
 a token's heads one run of memory) with rows of under ADJACENT_ROW_BYTES of
-q and k input: ADJACENT_WARPS warps a program, ADJACENT_ROWS rows.  The
-sweep above was at 32/8 heads x 256 (20 KiB rows); at 128 and 64 (10 and 4
-KiB rows) one warp a row left ours 5-11% behind upstream's kernel (4 warps
-a row) in GPU time.  A warp holding a quarter of the bytes keeps a quarter
-of the registers, so four times the warps are resident and more loads are
-in flight.  Not yet measured on the H200: `python -m bench.lab.probe_rope_layout`
-sweeps warps x rows on the model-layout shapes.  Contiguous (B, H, S, D) q
-and k (a head's rows far apart) keep the plan above.
+q and k input: ADJACENT_WARPS warps a program, ADJACENT_ROWS rows.  A warp
+holding a quarter of a small row's bytes keeps a quarter of the registers,
+so four times the warps are resident and more loads are in flight;
+`python -m bench.lab.probe_rope_layout` times warps x rows on the
+model-layout shapes and says how to set the three.  Contiguous (B, H, S, D)
+q and k (a head's rows far apart) keep the plan above.
 
 NPU (triton-ascend): one program per vector core (1-D grid of at most
 min(vector cores, rows, 65535)) walking the rows with a grid stride, tiles
@@ -69,13 +65,14 @@ from csrc_free_ops.device import NPU_MAX_GRID
 from csrc_free_ops.host_math import next_pow2, prev_pow2
 
 # --- CUDA policy
-# Input bytes per half tile; bounds registers per program.
+# Input bytes per half tile (bounds registers per program) and warps per program: the fastest of a sweep of
+# both, measured by `python -m bench.run --ops rope --sets seeds,large --timer graph` with them varied.
 TILE_BYTES = 8 * 1024
+MAX_WARPS = 1
 # Bytes one thread loads per vectorized access, and accesses per thread we aim for.
 VECTOR_BYTES = 16
 VECTORS_PER_THREAD = 2
-MAX_WARPS = 1
-# Heads-adjacent layouts with small rows (see the docstring).
+# Heads-adjacent layouts with small rows (see the docstring); `python -m bench.lab.probe_rope_layout` measures them.
 ADJACENT_ROW_BYTES = 16 * 1024
 ADJACENT_WARPS = 4
 ADJACENT_ROWS = 1
