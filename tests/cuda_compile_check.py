@@ -15,6 +15,7 @@ kernels jitted for the interpreter cannot be compiled.  It also runs torch's
 wrap_triton analysis of which tensors each kernel writes (``written_inputs``).
 
     python -m tests.cuda_compile_check      # exit status 1 on a compile error
+    python -m tests.cuda_compile_check --scalars   # only the float64 launches' scalar types
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -56,6 +58,22 @@ def _arg_type(a: Any) -> str:
     raise TypeError(f"no Triton type for a runtime argument of type {type(a).__name__}")
 
 
+def jit_types(kernel: Any, args: tuple, meta: dict) -> list[str]:
+    """The type Triton's JIT gives each parameter of ``kernel[grid](*args,
+    **meta)``: its own binder (``JITFunction.run`` builds the compiled
+    signature from it), so a parameter's annotation counts as it does there."""
+    backend = triton.compiler.make_backend(TARGET)
+    binder = triton.runtime.jit.create_function_from_signature(kernel.signature, kernel.params, backend)
+    return [spec[0] for spec in binder(*args, **meta)[1]]
+
+
+def _signature_type(a: Any, jit_type: str) -> str:
+    """The compile check's type of a runtime argument: Triton's own, except
+    that an int Triton would specialize as a constant (1) compiles as the
+    general int, so one compile covers every value."""
+    return _arg_type(a) if jit_type == "constexpr" else jit_type
+
+
 def run_recording(record, run) -> None:
     """run() with ``JITFunction.run`` (what ``kernel[grid](...)`` calls) replaced by ``record``."""
     jit = triton.runtime.jit.JITFunction
@@ -74,7 +92,8 @@ def record_launches(run) -> dict[tuple, tuple]:
     def record(kernel, *args: Any, grid: Any, warmup: bool, **meta: Any) -> None:
         names = kernel.arg_names
         runtime = [n for n in names if n not in meta]
-        signature = {n: _arg_type(a) for n, a in zip(runtime, args, strict=True)}
+        types = dict(zip(names, jit_types(kernel, args, meta), strict=True))
+        signature = {n: _signature_type(a, types[n]) for n, a in zip(runtime, args, strict=True)}
         constexprs = {n: v for n, v in meta.items() if n not in LAUNCH_OPTIONS}
         signature.update({n: "constexpr" for n in constexprs})
         signature = {n: signature[n] for n in names}
@@ -341,13 +360,41 @@ def written_inputs(first: dict[str, tuple]) -> list[str]:
     return failures
 
 
+FLOAT_SCALARS = ("fp16", "bf16", "fp32", "fp64")
+
+
+def _float64_launch(signature: dict, constexprs: dict) -> bool:
+    return constexprs.get("COMPUTE") == tl.float64 or "*fp64" in signature.values()
+
+
+def float64_scalars(seen: dict[tuple, tuple]) -> list[str]:
+    """A launch that computes in float64 (COMPUTE, or any float64 tensor)
+    must get its float scalars (eps, ...) as fp64: Triton types a Python
+    float argument fp32 unless its parameter says otherwise, and a float64
+    result would then carry eps rounded to float32.  One line per such
+    launch that gets one narrower."""
+    failures = []
+    for key, (_kernel, signature, constexprs, _options) in seen.items():
+        narrow = [f"{n} as {t}" for n, t in signature.items() if t in FLOAT_SCALARS and t != "fp64"]
+        if _float64_launch(signature, constexprs) and narrow:
+            failures.append(f"{key[0]} {dict(sorted(constexprs.items()))}: float64 launch takes {', '.join(narrow)}")
+    return failures
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("run with TRITON_INTERPRET unset: interpreted kernels cannot be compiled", file=sys.stderr)
         return 2
     os.environ.setdefault("CSRC_FREE_OPS_NPU_PROFILE", "Ascend910B4")
     seen = record_launches(_launch_every_path)
-    failures = compile_all(seen)
+    scalars = float64_scalars(seen)
+    float64 = sum(_float64_launch(signature, constexprs) for _kernel, signature, constexprs, _o in seen.values())
+    print(f"float64 launches: {float64 - len(scalars)} of {float64} take their float scalars as fp64")
+    if "--scalars" in sys.argv[1:]:  # the scalar types only, without compiling (seconds, not minutes)
+        for f in scalars:
+            print("FAILED", f, file=sys.stderr)
+        return 1 if scalars else 0
+    failures = scalars + compile_all(seen)
     kernels = sorted({key[0] for key in seen})
     print(f"compiled {len(seen) - len(failures)} of {len(seen)} specializations of {len(kernels)} kernels for {TARGET}")
     written = written_inputs(record_first_calls(_launch_every_path))

@@ -64,7 +64,11 @@ team's barrier twice.
 
 Math runs in COMPUTE (float32, float64 for float64 x), and so does the
 workspace; every load is converted to it, so weight and bias may have any
-float dtype.  Stores narrow through ``_narrow``.
+float dtype, and so is eps, a float64 parameter (``kernel_math.scalar_as``),
+on entry.  The one-pass kernels compute in float32 only (plan.py) and take
+eps as Triton types a Python float, fp32: a float32 copy of it converted on
+entry stays live in a register across the loop, which made these kernels,
+held near their register budget, spill.  Stores narrow through ``_narrow``.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from csrc_free_ops.kernel_math import rsqrt
+from csrc_free_ops.kernel_math import rsqrt, scalar_as
 
 # --- shared helpers
 
@@ -199,10 +203,8 @@ def _merge_group(workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, 
 
 @triton.jit
 def _rsqrt_eps(v, eps):
-    """1 / sqrt(v + eps) in v's dtype: Inductor, launching these kernels from a
-    compiled graph, passes eps (a Python float) as fp64, which would promote
-    everything computed from it.  The sum is rounded, not eps: a float64 v
-    keeps all of eps."""
+    """1 / sqrt(v + eps) in v's dtype (eps in COMPUTE, or the one-pass
+    kernels' parameter, which Inductor would pass as fp64)."""
     return rsqrt((v + eps).to(v.dtype))
 
 
@@ -244,10 +246,11 @@ def _whole_group(x, offs, mask, cpg, HW, COMPUTE: tl.constexpr):
 
 @triton.jit
 def fwd_whole_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
+    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
@@ -263,13 +266,14 @@ def fwd_whole_kernel(
 @triton.jit
 def bwd_whole_kernel(
     grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
-    num_groups, chunk, eps,
+    num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, PARAM_GRADS: tl.constexpr,
     DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """dx, and with PARAM_GRADS each (sample, channel)'s sum(dy * xhat) and
     sum(dy) (the plan's segments are whole channels: chunk = HW)."""
+    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     n_segments = tl.cast(N, tl.int64) * C
     size = _group_size(cpg, HW, COMPUTE)
@@ -602,7 +606,7 @@ def _looped_stats(x, grad_out, weight, bias, base, first, cpg, HW, stride_c, str
 
 @triton.jit
 def fwd_looped_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_HW: tl.constexpr, LOOP_STAGES: tl.constexpr, STATS_EVICT: tl.constexpr, OUTPUT_EVICT: tl.constexpr,
     COMPUTE: tl.constexpr,
@@ -611,6 +615,7 @@ def fwd_looped_kernel(
     last tile first.  STATS_EVICT / OUTPUT_EVICT: L2 eviction policies of the
     first walk's x loads and of the second walk's loads and stores ("" for
     the default; evict_last / evict_first keep x in L2 for the second walk)."""
+    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     h_steps = tl.cdiv(HW, BLOCK_HW)
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
@@ -636,7 +641,7 @@ def fwd_looped_kernel(
 @triton.jit
 def bwd_looped_kernel(
     grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
-    num_groups, chunk, eps,
+    num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, PARAM_GRADS: tl.constexpr,
     DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
@@ -645,6 +650,7 @@ def bwd_looped_kernel(
     tile first, with PARAM_GRADS summing each channel's sum(dy * xhat) and
     sum(dy) on the way, stored when its block's last tile in this order is
     done (segments are whole channels: chunk = HW)."""
+    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     n_segments = tl.cast(N, tl.int64) * C
     h_steps = tl.cdiv(HW, BLOCK_HW)
@@ -728,7 +734,7 @@ def _split_item(item, num_groups, cpg, C, HW, stride_c, c_blocks, splits, chunk,
 
 @triton.jit
 def fwd_partials_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps: tl.float64,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
@@ -766,7 +772,7 @@ def fwd_partials_kernel(
 @triton.jit
 def bwd_partials_kernel(
     grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
-    num_groups, chunk, eps,
+    num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, HAS_DY: tl.constexpr,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr,
     STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr,
@@ -806,12 +812,13 @@ def bwd_partials_kernel(
 
 @triton.jit
 def fwd_finalize_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps: tl.float64,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Each (sample, group)'s mean and rstd, in the two rows of one value per
     row that start at segment row STATS_ROW (the unfused split path)."""
+    eps = scalar_as(eps, COMPUTE)
     cpg, _c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, 1)
     stats = workspace + STATS_ROW * n_segments
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -827,7 +834,7 @@ def fwd_finalize_kernel(
 @triton.jit
 def bwd_finalize_kernel(
     grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
-    num_groups, chunk, eps,
+    num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_DY: tl.constexpr, MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
     SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, STATS_ROW: tl.constexpr, BLOCK_P: tl.constexpr,
     COMPUTE: tl.constexpr,
@@ -836,6 +843,7 @@ def bwd_finalize_kernel(
     mean(g * xhat), in the four rows of one value per row from segment row
     STATS_ROW (the unfused path, and the statistics an activation's
     derivative needs)."""
+    eps = scalar_as(eps, COMPUTE)
     cpg, _c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, 1)
     stats = workspace + STATS_ROW * n_segments
     size = _group_size(cpg, HW, COMPUTE)
@@ -855,7 +863,7 @@ def bwd_finalize_kernel(
 
 @triton.jit
 def fwd_apply_kernel(
-    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps,
+    x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps: tl.float64,
     FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, MEAN_ROW: tl.constexpr,
     M2_ROW: tl.constexpr,
     STATS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -863,6 +871,7 @@ def fwd_apply_kernel(
 ):  # fmt: skip
     """y = (x - mean) * rstd * w + b; the group's statistics merged here
     (FUSED) or read from the finalize kernel's rows."""
+    eps = scalar_as(eps, COMPUTE)
     cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     size = _group_size(cpg, HW, COMPUTE)
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -894,7 +903,7 @@ def fwd_apply_kernel(
 @triton.jit
 def bwd_dx_kernel(
     grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
-    num_groups, chunk, eps,
+    num_groups, chunk, eps: tl.float64,
     FUSED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr,
     SUM_DY_ROW: tl.constexpr, SUM_DY_D_ROW: tl.constexpr, DWEIGHT_ROW: tl.constexpr,
@@ -905,6 +914,7 @@ def bwd_dx_kernel(
     merged here (FUSED) or read from the finalize kernel's rows; with
     HAS_W also each segment's dweight term rstd * sum(dy * (x - mean)) (its
     dbias term is the partials' sum(dy))."""
+    eps = scalar_as(eps, COMPUTE)
     cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     size = _group_size(cpg, HW, COMPUTE)
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -953,7 +963,7 @@ def bwd_dx_kernel(
 @triton.jit
 def reduce_param_grads_kernel(
     grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
-    num_groups, chunk, eps,
+    num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
