@@ -119,8 +119,8 @@ class Problem:
 
 
 # ---------------------------------------------------------------- tuning
-# Each constant is measured by ``python -m bench.probe_group_norm`` on the GPU
-# (bench/NOTES.md holds the figures behind the current values).
+# Each constant is measured by ``python -m bench.lab.probe_group_norm`` on the GPU
+# (bench/lab/NOTES.md holds the figures behind the current values).
 
 # Largest padded group one program holds whole: the backward keeps about
 # twice the forward's arrays.
