@@ -197,12 +197,14 @@ def _launch_group_norm_paths() -> None:
     activation="silu" where the first two parameter cases and bfloat16 go."""
     from csrc_free_ops.group_norm import launch as gn_launch
     from csrc_free_ops.group_norm import plan as gn_plan
-    from csrc_free_ops.group_norm.plan import CudaDevice, Problem
+    from csrc_free_ops.group_norm import tiles
+    from csrc_free_ops.group_norm.plan import Problem
+    from csrc_free_ops.group_norm.residency import CudaDevice
 
     reduce = (2, 4, 2, ())
 
     def plans(pb: Problem) -> list:
-        block_c, block_hw, chunk = gn_plan.split_geometry(pb, 16, 16, 64)
+        block_c, block_hw, chunk = tiles.split_geometry(pb, 16, 16, 64)
         return [
             gn_plan.whole(pb, 3, (), reduce),
             gn_plan.looped(pb, 64, 3, None, None, ("evict_last", "evict_first"), reduce),
@@ -242,7 +244,7 @@ def _launch_group_norm_paths() -> None:
     h200 = CudaDevice(sms=132, cooperative=True)
     shapes = [(2, 320, 4096), (8, 640, 1024), (16, 1280, 256), (4, 512, 16384), (1, 128, 262144), (8, 512, 4096)]
     w = torch.ones(16, dtype=torch.float32)
-    tiles = set()  # one compile per one-pass tile (plans differing only in BLOCK_P compile alike)
+    seen = set()  # one compile per one-pass tile (plans differing only in BLOCK_P compile alike)
     for dt, activation, cl in ((torch.bfloat16, "none", False), (torch.float32, "none", False),
                                (torch.bfloat16, "silu", False), (torch.bfloat16, "silu", True)):  # fmt: skip
         x = torch.zeros(2, 40, 16, dtype=dt).movedim(-1, 1) if cl else torch.zeros(2, 16, 40, dtype=dt)
@@ -253,9 +255,9 @@ def _launch_group_norm_paths() -> None:
                 ce = dict(p.steps[0].constexprs)
                 tile = (dt, backward, activation, cl, ce.get("BLOCK_C"), ce.get("BLOCK_HW"), ce.get("PREFETCH"),
                         ce.get("EVEN"))  # fmt: skip
-                if p.path == "one_pass" and tile in tiles:
+                if p.path == "one_pass" and tile in seen:
                     continue
-                tiles.add(tile)
+                seen.add(tile)
                 if backward:
                     gn_launch.backward(x, x, 4, w, w, 1e-5, p)
                 else:

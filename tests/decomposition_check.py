@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import csrc_free_ops  # noqa: E402, F401
 from csrc_free_ops.group_norm import launch as group_norm_launch  # noqa: E402
-from csrc_free_ops.group_norm.plan import CudaDevice  # noqa: E402
+from csrc_free_ops.group_norm.residency import CudaDevice  # noqa: E402
 from registrations import _library  # noqa: E402
 
 # Without a GPU: no device properties (no one-pass group_norm plans), and Triton has no driver to

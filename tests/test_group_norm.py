@@ -14,8 +14,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csrc_free_ops.group_norm import kernels, launch, layout, plan, reference
-from csrc_free_ops.group_norm.plan import CudaDevice, Problem
+from csrc_free_ops.group_norm import kernels, launch, layout, plan, reference, residency, tiles, workspace
+from csrc_free_ops.group_norm.plan import Problem
+from csrc_free_ops.group_norm.residency import CudaDevice
 from csrc_free_ops.host_math import next_pow2
 from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, assert_close_to_scale, compute_dtype
 
@@ -116,7 +117,7 @@ def small_plan(pb: Problem, path: str, tile: int = 16, target_items: int = 64, p
     if path == "looped":
         return plan.looped(pb, tile, programs, None, None, ("", ""), SMALL_REDUCE)
     if path == "split":
-        block_c, block_hw, chunk = plan.split_geometry(pb, tile, tile, target_items)
+        block_c, block_hw, chunk = tiles.split_geometry(pb, tile, tile, target_items)
         return plan.split(pb, block_c, block_hw, chunk, programs, 4, False, SMALL_REDUCE)
     return plan.one_pass(pb, next_pow2(pb.cpg), next_pow2(pb.hw), programs, None, prefetch, 4, reduce=SMALL_REDUCE)
 
@@ -414,11 +415,11 @@ def _pb(n, c, hw, groups=32, itemsize=2, backward=False, affine=True):
 
 def test_resident_ctas_follows_the_occupancy_limits():
     """H100/H200 limits: 64 K registers, 2048 threads, 32 CTAs, 228 KiB shared per SM."""
-    assert plan.resident_ctas(H200, 4, 64, 0) == 8  # registers: 65536 / (128 * 64)
-    assert plan.resident_ctas(H200, 4, 65, 0) == 7  # 72 per thread once rounded to whole 256-register units
-    assert plan.resident_ctas(H200, 1, 16, 0) == 32  # the CTA limit
-    assert plan.resident_ctas(H200, 8, 32, 0) == 8  # threads: 2048 / 256
-    assert plan.resident_ctas(H200, 1, 16, 100 * 1024) == 2  # shared memory
+    assert residency.resident_ctas(H200, 4, 64, 0) == 8  # registers: 65536 / (128 * 64)
+    assert residency.resident_ctas(H200, 4, 65, 0) == 7  # 72 per thread once rounded to whole 256-register units
+    assert residency.resident_ctas(H200, 1, 16, 0) == 32  # the CTA limit
+    assert residency.resident_ctas(H200, 8, 32, 0) == 8  # threads: 2048 / 256
+    assert residency.resident_ctas(H200, 1, 16, 100 * 1024) == 2  # shared memory
 
 
 @pytest.mark.parametrize("itemsize", [2, 4])
@@ -438,20 +439,21 @@ def test_cuda_plans_one_pass_teams_at_large_groups(shape, backward, itemsize):
     assert p.path == "one_pass" and p.fallback is not None and p.fallback.path in ("looped", "split")
     step = p.steps[0]
     c, o = dict(step.constexprs), dict(step.options)
-    assert p.team_size == plan.team_size(pb, c["BLOCK_C"], c["BLOCK_HW"]) and step.grid == pb.rows * p.team_size
+    assert p.team_size == tiles.team_size(pb, c["BLOCK_C"], c["BLOCK_HW"]) and step.grid == pb.rows * p.team_size
     assert o["launch_cooperative_grid"] is True and "maxnreg" not in o
     assert p.chunk == c["BLOCK_HW"] and p.counters == pb.rows and p.max_rounds == plan.ONE_PASS_MAX_ROUNDS
     assert c["EVEN"] == (pb.cpg % c["BLOCK_C"] == 0 and pb.hw % c["BLOCK_HW"] == 0)
-    regs = plan.estimated_registers(pb, c["BLOCK_C"] * c["BLOCK_HW"], o["num_warps"], c["PREFETCH"], c["EVEN"])
-    teams = plan.resident_teams(H200, o["num_warps"], regs, plan.ONE_PASS_SHARED_ESTIMATE, p.team_size, pb.rows)
+    regs = residency.estimated_registers(pb, c["BLOCK_C"] * c["BLOCK_HW"], o["num_warps"], c["PREFETCH"], c["EVEN"])
+    shared = residency.ONE_PASS_SHARED_ESTIMATE
+    teams = residency.resident_teams(H200, o["num_warps"], regs, shared, p.team_size, pb.rows)
     assert 1 <= teams and math.ceil(pb.rows / teams) <= plan.ONE_PASS_MAX_ROUNDS
     assert c["PREFETCH"] == (teams < pb.rows)  # only where a team has a next row to load early
 
 
 def test_resident_teams_caps_at_whole_teams():
-    assert plan.resident_teams(H200, 4, 64, 0, 5, 1000) == 8 * 132 // 5
-    assert plan.resident_teams(H200, 4, 64, 0, 5, 7) == 7
-    assert plan.resident_teams(H200, 4, 255, 0, 300, 7) == 0  # a team larger than the device holds
+    assert residency.resident_teams(H200, 4, 64, 0, 5, 1000) == 8 * 132 // 5
+    assert residency.resident_teams(H200, 4, 64, 0, 5, 7) == 7
+    assert residency.resident_teams(H200, 4, 255, 0, 300, 7) == 0  # a team larger than the device holds
 
 
 def test_interpreter_and_float64_never_plan_one_pass():
@@ -483,7 +485,7 @@ def test_whole_groups_give_way_to_teams_only_when_rows_are_few_and_data_large():
     assert plan.cuda(_pb(1, 64, 2048), H200).path == "whole"  # 32 rows of 4096 elements, but 256 KiB
     assert plan.cuda(_pb(1, 512, 2048, groups=256, itemsize=4), H200).path == "whole"  # 256 rows: enough
     few_large = _pb(2, 64, 4096, itemsize=4)  # 64 rows of 8192 elements, 2 MiB
-    assert plan.whole_fits(few_large, plan.FWD_GROUP_TILE)
+    assert tiles.whole_fits(few_large, plan.FWD_GROUP_TILE)
     assert plan.cuda(few_large, H200).path == "one_pass"
 
 
@@ -503,19 +505,19 @@ def test_workspace_layouts_name_each_row_once():
     per-(sample, group) statistics."""
     pb = _pb(2, 6, 35, groups=3, itemsize=4, backward=True)
     whole = small_plan(pb, "whole")
-    assert whole.layout == plan.PARAM_TERMS and whole.workspace == 2 * 2 * 6
+    assert whole.workspace == workspace.PARAM_TERMS and whole.workspace_size == 2 * 2 * 6
     one = small_plan(pb, "one_pass")
-    assert one.layout == plan.BWD_PARTIALS and one.workspace == 5 * 2 * 6
+    assert one.workspace == workspace.BWD_PARTIALS and one.workspace_size == 5 * 2 * 6
     finalize = small_plan(pb, "split", tile=4, target_items=64)
-    assert finalize.layout.stats == plan.BWD_STATS
+    assert finalize.workspace.stats == workspace.BWD_STATS
     splits = math.ceil(35 / finalize.chunk)
-    assert finalize.workspace == 5 * 2 * splits * 6 + 4 * 2 * 3
+    assert finalize.workspace_size == 5 * 2 * splits * 6 + 4 * 2 * 3
     steps = {s.kernel: dict(s.constexprs) for s in finalize.steps}
     reduce = steps[kernels.reduce_param_grads_kernel]
     assert steps[kernels.bwd_dx_kernel]["DWEIGHT_ROW"] == reduce["DWEIGHT_ROW"] == 4
     assert reduce["DBIAS_ROW"] == steps[kernels.bwd_partials_kernel]["SUM_DY_ROW"] == 2
     assert steps[kernels.bwd_finalize_kernel]["STATS_ROW"] == 5
-    assert small_plan(_pb(2, 6, 35, groups=3, backward=True, affine=False), "whole").workspace == 0
+    assert small_plan(_pb(2, 6, 35, groups=3, backward=True, affine=False), "whole").workspace_size == 0
 
 
 def test_repeated_calls_reuse_the_cached_plan_and_launchers(monkeypatch):
@@ -736,7 +738,7 @@ def test_one_pass_on_gpu_repeats_replays_and_runs_on_two_streams():
     pb = problem(x, 32, weight, bias, False)
     p = plan.cuda(pb, launch._cuda_device(x.device, 132))
     c = dict(p.steps[0].constexprs)
-    assert p.path == "one_pass" and plan.team_size(pb, c["BLOCK_C"], c["BLOCK_HW"]) > 1
+    assert p.path == "one_pass" and tiles.team_size(pb, c["BLOCK_C"], c["BLOCK_HW"]) > 1
     expected = torch.ops.liger.group_norm(x, 32, weight, bias)
     expected_grads = torch.ops.liger.group_norm_backward(dy, x, 32, weight, bias, 1e-5)
     for _ in range(20):
@@ -779,7 +781,7 @@ def test_one_pass_grid_is_capped_at_the_compiled_kernels_residency_or_falls_back
     compiled = launcher.compiled_for(x, weight, bias, y, *launch._buffers(p, x), *launch._dims(x, p), 32, p.chunk,
                                      1e-5)  # fmt: skip
     props = torch.cuda.get_device_properties(x.device)
-    per_sm = plan.resident_ctas(launch._cuda_device(x.device, props.multi_processor_count),
+    per_sm = residency.resident_ctas(launch._cuda_device(x.device, props.multi_processor_count),
                                 compiled.metadata.num_warps, compiled.n_regs, compiled.metadata.shared)  # fmt: skip
     assert grid % p.team_size == 0 and 0 < grid <= per_sm * props.multi_processor_count
     strict = dataclasses.replace(p, max_rounds=0)

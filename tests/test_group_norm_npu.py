@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import kernels, launch, layout, plan
+from csrc_free_ops.group_norm import kernels, launch, layout, npu_budget, plan
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, simulate_ascend
 from tests.privateuse1_backend import scenario_output
 from tests.test_group_norm import (
@@ -148,7 +148,7 @@ def test_default_profile_plans_whole_groups(monkeypatch):
         p = _plan(torch.empty(2, 6, 5, 7), 3, backward)
         c = dict(p.steps[0].constexprs)
         assert p.path == "whole" and (c["BLOCK_C"], c["BLOCK_HW"]) == (2, 64)
-        per_element = plan.npu_whole_bytes(4, 4, backward)
+        per_element = npu_budget.npu_whole_bytes(4, 4, backward)
         assert c["BLOCK_C"] * c["BLOCK_HW"] * per_element <= device.npu_ub_bytes()  # whole groups: the whole UB
 
 
@@ -182,9 +182,9 @@ def test_tiles_fit_the_ub(ascend):
                 for s in p.steps:
                     c = dict(s.constexprs)
                     if s.kernel in (kernels.fwd_whole_kernel, kernels.bwd_whole_kernel):
-                        tile = (plan.npu_whole_bytes(itemsize, compute, backward), ub)
+                        tile = (npu_budget.npu_whole_bytes(itemsize, compute, backward), ub)
                     else:
-                        tile = (plan.npu_split_bytes(itemsize, compute, backward), ub // 2)
+                        tile = (npu_budget.npu_split_bytes(itemsize, compute, backward), ub // 2)
                     sizes = [
                         (c.get("BLOCK_C", 1) * c.get("BLOCK_HW", 1), *tile),
                         (c.get("BLOCK_P", 1), 7 * compute, ub // 2),  # a group's merge

@@ -1,7 +1,7 @@
 """Every Triton kernel of GroupNorm.  CUDA and the NPU share each kernel
 they both run; the one-pass kernels are CUDA-only (they need every program
 of a team resident at once, which only a cooperative CUDA launch
-guarantees, plan.py).
+guarantees, residency.py).
 
 x is dense (N, C, HW) (HW: the product of the spatial sizes) in one of two
 layouts, and y, grad_out and dx share it: contiguous (stride_c = HW,
@@ -24,7 +24,7 @@ kernels for the activation's derivative, which needs the normalized and
 affine value z = xhat * w + b.  ``workspace`` holds rows of one
 value per segment (sample, spatial segment of ``chunk`` positions, channel),
 laid out (N, splits, C), then rows of one value per (sample, group); which
-row holds what is the plan's ``Layout`` (plan.py), passed in as the
+row holds what is the plan's ``Workspace`` (workspace.py), passed in as the
 ``*_ROW`` constexprs.  ``counters`` are the one-pass kernels' barrier
 counters (int32, zeroed per call).
 
@@ -307,7 +307,7 @@ def _team_barrier(counter, team_size):
     """Returns once all ``team_size`` programs of the team have arrived at
     ``counter`` (int32, zero before the team's first arrival); every store a
     program made before arriving is visible to the others after.  Safe only
-    if the whole team is resident at once (plan.py says why it is)."""
+    if the whole team is resident at once (residency.py says why it is)."""
     tl.debug_barrier()  # this program's threads have all stored their partials
     tl.atomic_add(counter, 1, sem="release", scope="gpu")
     arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")

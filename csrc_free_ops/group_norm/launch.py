@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from csrc_free_ops import device
-from csrc_free_ops.group_norm import layout, plan, reference
-from csrc_free_ops.group_norm.plan import CudaDevice, Plan, Problem
+from csrc_free_ops.group_norm import layout, plan, reference, residency
+from csrc_free_ops.group_norm.plan import Plan, Problem
+from csrc_free_ops.group_norm.residency import CudaDevice
 from csrc_free_ops.launcher import Launcher, placeholder, tracing
 
 # The op's one cache, with one bound on its memory: each call's plan under a key of plain ints
@@ -84,8 +85,9 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 def _buffers(p: Plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The plan's workspace and zeroed barrier counters; x stands in for
     either when the plan needs none."""
-    workspace = torch.empty(p.workspace, dtype=_compute_dtype(x), device=x.device) if p.workspace else placeholder(x)
-    counters = torch.zeros(p.counters, dtype=torch.int32, device=x.device) if p.counters else placeholder(x)
+    size, dev = p.workspace_size, x.device
+    workspace = torch.empty(size, dtype=_compute_dtype(x), device=dev) if size else placeholder(x)
+    counters = torch.zeros(p.counters, dtype=torch.int32, device=dev) if p.counters else placeholder(x)
     return workspace, counters
 
 
@@ -170,7 +172,7 @@ def backward(
     return dx, dweight, dbias
 
 
-# --- one-pass residency (plan.py: why the grid must be resident, and how it is capped)
+# --- one-pass residency (residency.py: why the grid must be resident, and how it is capped)
 
 
 def _steps(p: Plan, args: tuple, x: torch.Tensor) -> tuple[tuple[Launcher, int], ...] | None:
@@ -199,7 +201,9 @@ def _capped(p: Plan, args: tuple, x: torch.Tensor) -> tuple[tuple[Launcher, int]
     props = torch.cuda.get_device_properties(x.device)
     dev = _cuda_device(x.device, props.multi_processor_count)  # the real SMs, whatever planning was told
     meta = compiled.metadata
-    teams = plan.resident_teams(dev, meta.num_warps, compiled.n_regs, meta.shared, p.team_size, grid // p.team_size)
+    teams = residency.resident_teams(
+        dev, meta.num_warps, compiled.n_regs, meta.shared, p.team_size, grid // p.team_size
+    )
     if teams == 0 or -(-p.counters // teams) > p.max_rounds:
         return None
     return ((launcher, teams * p.team_size), *launches[1:])
@@ -233,7 +237,7 @@ def _prepared_forward(x, num_groups, weight, bias, eps, p: Plan) -> Callable:
     if not _bindable(p, x, weight, bias):
         return lambda x, num_groups, weight, bias, eps, activation="none": forward(x, num_groups, weight, bias, eps, p)
     steps = _bound_steps(p, x, num_groups, eps)
-    workspace_shape, workspace_dtype, dev = p.workspace, _compute_dtype(x), x.device
+    workspace_shape, workspace_dtype, dev = p.workspace_size, _compute_dtype(x), x.device
 
     def run(x, num_groups, weight, bias, eps, activation="none"):
         y = torch.empty_like(x)  # x is read in place: contiguous or dense channels-last, kept by empty_like
@@ -253,7 +257,7 @@ def _prepared_backward(grad_out, x, num_groups, weight, bias, eps, p: Plan | Non
             grad_out, x, num_groups, weight, bias, eps, p
         )
     steps = _bound_steps(p, x, num_groups, eps)
-    workspace_shape, workspace_dtype, dev, c = p.workspace, _compute_dtype(x), x.device, x.shape[1]
+    workspace_shape, workspace_dtype, dev, c = p.workspace_size, _compute_dtype(x), x.device, x.shape[1]
     weight_dtype = None if weight is None else weight.dtype
     bias_dtype = None if bias is None else bias.dtype
 

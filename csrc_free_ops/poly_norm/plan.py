@@ -36,19 +36,18 @@ from csrc_free_ops.device import NPU_MAX_GRID
 from csrc_free_ops.host_math import cdiv, next_pow2, prev_pow2
 
 # --- CUDA policy
+# Each constant is measured by ``python -m bench.run --ops poly_norm --sets large`` on the GPU
+# (bench/lab/NOTES.md holds the figures behind the current values).
 # Longest row processed in one piece; longer rows take the column-blocked path.
 MAX_ROW_BLOCK = 8192
 # Column block of the blocked path.
 COL_BLOCK = 4096
-# H200, bf16, 16384 rows, backward (graph replay; bench/NOTES.md has the sweeps): the row loop
-# pipelined 3 deep beat the unpipelined loop at every width, e.g. H=2048 55.5 vs 79.3 us (1 warp,
-# 8 programs/SM), H=4096 108.4 vs 142.4 us (4 warps, 8/SM), H=8192 202 vs 270 us (4 warps, 16/SM).
+# The backward's row loop pipelined 3 deep: faster than unpipelined at every width.
 BWD_LOOP_STAGES = 3
 # Backward programs per SM, the most the policy uses (enough rows in flight to hide latency).
 BWD_PROGRAMS_PER_SM = 16
 # Backwards of at most this many (padded) elements run as one program, which then writes
-# dweight/dbias itself: on the H200 host a launch and an allocation cost ~25 us, more than one
-# SM takes for 16 rows of x and dy.
+# dweight/dbias itself: a second launch and an allocation cost more host time than one SM takes.
 BWD_ONE_PROGRAM_ELEMENTS = 16 * 1024
 
 # --- NPU policy
@@ -81,9 +80,7 @@ class Plan:
 
 
 def _cuda_fwd_warps(block: int) -> int:
-    # H200, bf16, loop-free row kernel (bench/NOTES.md v8): at 2048 rows 1 warp up to 1024 columns is
-    # 0.2-0.7 us ahead of 2 (H=512: 6.59 vs 6.88 us), 2 warps lead at 2048; at 16384 rows 2 / 4 / 8
-    # warps are within 1% of the best at 2048 / 4096 / 8192 (16 was 2x slower at 2048).
+    # The loop-free row kernel: one warp up to 1024 columns, then one more power of two per doubling.
     return 1 if block <= 1024 else 2 if block <= 2048 else 4 if block <= 4096 else 8
 
 
