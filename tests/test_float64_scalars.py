@@ -60,7 +60,7 @@ def _op_values_and_grads(op, inputs: tuple, dy: torch.Tensor, compiled: bool) ->
     if not compiled:
         return run()
     out, code = run_and_get_code(run)
-    assert len(code) == 2 and not any("torch.ops.liger." in c for c in code), "the op was not decomposed"
+    assert code and not any("torch.ops.liger." in c for c in code), "the op was not decomposed"
     return out
 
 
