@@ -68,3 +68,27 @@ def test_case(group, name, tmp_path_factory):
 def test_kernel_cases_cover_every_op():
     ops = {name.split("/")[0] for name in KERNEL_CASES}
     assert ops == {"poly_norm", "rope", "rope_", "group_norm"}
+
+
+def test_a_rank_stops_at_its_first_failing_case():
+    """A rank that went on after a failure would issue the next case's
+    collectives while its peers may still be in the failed one's: gloo then
+    aborts every process on the mismatch (tests/dist/harness.py)."""
+    import torch
+
+    from tests.dist.harness import Context, run_cases
+
+    ran = []
+
+    def case(name, fail=False):
+        def run(ctx):
+            ran.append(name)
+            if fail:
+                raise AssertionError(f"{name} failed")
+
+        return name, run
+
+    results = run_cases(Context(0, 2, torch.device("cpu")), [case("a"), case("b", fail=True), case("c")])
+    assert ran == ["a", "b"]
+    assert results["a"] is None and "AssertionError: b failed" in results["b"]
+    assert results["c"] == "not run: case b failed on rank 0 before it"

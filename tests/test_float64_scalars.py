@@ -60,7 +60,7 @@ def _op_values_and_grads(op, inputs: tuple, dy: torch.Tensor, compiled: bool) ->
     if not compiled:
         return run()
     out, code = run_and_get_code(run)
-    assert len(code) == 2 and not any("torch.ops.liger." in c for c in code), "the op was not decomposed"
+    assert code and not any("torch.ops.liger." in c for c in code), "the op was not decomposed"
     return out
 
 
@@ -80,10 +80,12 @@ def _poly_norm_reference(x, weight, bias, dy) -> tuple:
 
 Plan = pn_plan.Plan
 POLY_NORM_PLANS = {
-    # forward plan, backward plan
-    "tile, a program per row; backward one program": (Plan(True, 1, 64, 5, 1), Plan(True, 1, 64, 1, 1, 3)),
-    "tile, grid stride; backward partials": (Plan(True, 2, 64, 2, 1), Plan(True, 1, 64, 3, 1, 3)),
-    "column blocks": (Plan(False, 1, 16, 3, 1), Plan(False, 1, 16, 3, 1)),
+    # (forward plan, backward plan): tiles, a program per row and a backward of one program (direct grads)
+    "tile-per-row": (Plan(True, 1, 64, 5, 1), Plan(True, 1, 64, 1, 1, 3)),
+    # tiles walked with a grid stride, a backward of three programs (partials, then their reduction)
+    "tile-grid-stride": (Plan(True, 2, 64, 2, 1), Plan(True, 1, 64, 3, 1, 3)),
+    # rows in column blocks of 16
+    "column-blocks": (Plan(False, 1, 16, 3, 1), Plan(False, 1, 16, 3, 1)),
 }
 
 
@@ -107,8 +109,8 @@ def test_poly_norm_op_keeps_eps_in_float64(compiled):
 GROUP_NORM_PLANS = {
     "whole": {"path": "whole"},
     "looped": {"path": "looped"},
-    "split fused": SPLIT_FUSED,
-    "split finalize": SPLIT_FINALIZE,
+    "split-fused": SPLIT_FUSED,
+    "split-finalize": SPLIT_FINALIZE,
 }
 
 

@@ -2,14 +2,22 @@
 each rank saw.
 
 A case is a function ``case(ctx)`` that raises AssertionError (or anything
-else) when it fails.  Every rank runs every case in the same order (the
-cases hold collectives); a rank records each case's traceback or None.
+else) when it fails.  Every rank runs the cases in the same order (the cases
+hold collectives); a rank records each case's traceback or None, and stops
+at its first failure: a case that raised may have left collectives that its
+peers are still in, and gloo matches a rank's next collective to whatever
+its peers issue at that point, so a rank that went on would feed another
+case's data into them (gloo then aborts the process on the size mismatch,
+SIGABRT, and every rank's results are lost).  Its peers instead fail that
+case themselves (a collective timeout, or the connection closing) and stop
+too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -60,15 +68,22 @@ def init(rank: int, world_size: int, init_method: str | None = None) -> Context:
 
 
 def run_cases(ctx: Context, cases: Iterable[tuple[str, Case]]) -> dict[str, str | None]:
-    """Each case in order; its traceback, or None when it passed."""
+    """Each case in order; its traceback, or None when it passed.  After
+    this rank's first failure the remaining cases are not run (the module
+    docstring says why) and say so."""
     results: dict[str, str | None] = {}
+    failed = None
     for name, case in cases:
+        if failed is not None:
+            results[name] = f"not run: case {failed} failed on rank {ctx.rank} before it"
+            continue
         start, cpu = time.perf_counter(), time.process_time()
         try:
             case(ctx)
             results[name] = None
         except Exception:
             results[name] = traceback.format_exc()
+            failed = name
         if os.environ.get("LIGER_DIST_TIMES"):
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             print(f"rank {ctx.rank} {name}: {wall:.2f} s wall, {cpu:.2f} s cpu", flush=True)
@@ -99,3 +114,36 @@ def spawn_worker(rank: int, world_size: int, store: str, out_dir: str, names: li
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"interpreter": _library.INTERPRETER, "results": results}, f)
+    end_without_finalizing()
+
+
+def gloo_threads() -> list[str]:
+    """The names of this process's gloo threads (Linux; [] elsewhere)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sorted(n for n in names if "gloo" in n)
+
+
+def end_without_finalizing() -> None:
+    """End a spawned rank once its results are written, without finalizing
+    the interpreter.  destroy_process_group leaves the gloo group alive when
+    anything still references it, and DTensor's sharding and redistribution
+    caches keep the DeviceMesh and its group: its worker and I/O threads run
+    on (``gloo_threads``) until the process ends.  A worker thread drops its
+    last collective's work, tensors included, after completing it, so under
+    load it can still hold them when the main thread is done; released while
+    the interpreter finalizes, they need a GIL that is being torn down and the
+    process aborts (SIGABRT).  Ending with os._exit, the threads end with the
+    process and nothing of Python is torn down under them."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
