@@ -62,7 +62,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd import forward_ad
 
-from csrc_free_ops.rope import launch, reference
+from csrc_free_ops.rope import RopeOptions, launch, reference
 from registrations import _checks, overlap
 from registrations._library import LIB, Entries, Prepare, call_from_backward, define_op, register_autograd
 
@@ -75,7 +75,8 @@ PAIRS = tuple(launch.PAIRS)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _check_options(op: str, cos, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
+def _check_options(op: str, cos, options: RopeOptions) -> None:
+    position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = options
     if pairs not in PAIRS:
         raise ValueError(f"{op}: pairs must be one of {', '.join(map(repr, PAIRS))}, got {pairs!r}")
     if position_ids is not None and cu_seqlens is not None:
@@ -152,7 +153,8 @@ def _check_position_ids(op: str, ids: torch.Size, mrope: bool, packed: bool, bat
         raise ValueError(f"{op}: position_ids must have shape {wanted}, got {tuple(ids)}")
 
 
-def _check_looked_up(op: str, cos, position_ids, cu_seqlens, mrope: bool, packed: bool, batch: int, seq: int):
+def _check_looked_up(op: str, cos, options: RopeOptions, packed: bool, batch: int, seq: int):
+    position_ids, cu_seqlens, mrope = options.position_ids, options.cu_seqlens, options.mrope_section is not None
     if cos.dim() != 2 or cos.shape[0] < 1:
         raise ValueError(
             f"{op}: with position_ids or cu_seqlens, cos/sin are (max_pos, R) tables, got shape {tuple(cos.shape)}"
@@ -175,10 +177,10 @@ def _described(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.dtype, t.device)
 
 
-def _check(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved,
-           names=("q", "k")) -> None:  # fmt: skip
+def _check(op, q, k, cos, sin, options: RopeOptions, names=("q", "k")) -> None:
     """_check_uncached, skipped for arguments whose shapes, dtypes, devices and
     options passed it before (real sizes only: symbolic ones are not hashed)."""
+    position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = options
     key = (op, _described(q), _described(k), _described(cos), _described(sin), _described(position_ids),
            _described(cu_seqlens), pairs, None if mrope_section is None else tuple(mrope_section),
            mrope_interleaved)  # fmt: skip
@@ -186,17 +188,17 @@ def _check(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, m
         if key in _PASSED:
             return
     except TypeError:  # a SymInt size (torch.compile tracing): unhashable
-        _check_uncached(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, names)
+        _check_uncached(op, q, k, cos, sin, options, names)
         return
-    _check_uncached(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, names)
+    _check_uncached(op, q, k, cos, sin, options, names)
     if len(_PASSED) >= _MAX_PASSED:
         _PASSED.clear()
     _PASSED.add(key)
 
 
-def _check_uncached(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved,
-                    names=("q", "k")) -> None:  # fmt: skip
+def _check_uncached(op, q, k, cos, sin, options: RopeOptions, names=("q", "k")) -> None:
     """Runs in every binding and the fake kernel: shapes, dtypes, devices, options."""
+    position_ids, cu_seqlens = options.position_ids, options.cu_seqlens
     ref_name, ref = _check_heads(op, names, q, k)
     tensors = [(n, t) for n, t in zip(names, (q, k), strict=True) if t is not None] + [("cos", cos), ("sin", sin)]
     for name, t in tensors:
@@ -205,13 +207,13 @@ def _check_uncached(op, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_s
     _checks.check_same_device(op, ref_name, ref, (*tensors, *indices))
     if cos.shape != sin.shape:
         raise ValueError(f"{op}: cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    _check_options(op, cos, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    _check_options(op, cos, options)
     batch, seq, head_dim = _sizes(ref)
     packed = ref.dim() == 3
     if position_ids is None and cu_seqlens is None:
         _check_gathered(op, cos.shape, packed, batch, seq)
     else:
-        _check_looked_up(op, cos, position_ids, cu_seqlens, mrope_section is not None, packed, batch, seq)
+        _check_looked_up(op, cos, options, packed, batch, seq)
     rot = cos.shape[-1]
     if rot % 2 != 0 or rot < 2 or rot > head_dim:
         raise ValueError(
@@ -229,18 +231,38 @@ def _check_in_place(q: torch.Tensor | None, k: torch.Tensor | None) -> None:
         raise ValueError(f"{_OP}_: q and k overlap in memory; rotating one in place would change the other")
 
 
-def _check_rope(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
-    _check(_OP, q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+# --- The schema boundary: each function the registration helper calls takes the schema's
+# arguments in order (q, k, cos, sin, then the options in RopeOptions' order) and bundles the
+# options into one RopeOptions right there.
 
 
-def _check_rope_backward(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
-    _check(_OP + "_backward", dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved,
-           ("dq", "dk"))  # fmt: skip
+def _check_rope(q, k, cos, sin, *schema_options) -> None:
+    _check(_OP, q, k, cos, sin, RopeOptions(*schema_options))
 
 
-def _check_rope_(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
-    _check(_OP + "_", q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+def _check_rope_backward(dq, dk, cos, sin, *schema_options) -> None:
+    _check(_OP + "_backward", dq, dk, cos, sin, RopeOptions(*schema_options), ("dq", "dk"))
+
+
+def _check_rope_(q, k, cos, sin, *schema_options) -> None:
+    _check(_OP + "_", q, k, cos, sin, RopeOptions(*schema_options))
     _check_in_place(q, k)
+
+
+def _bundled(entry):
+    """entry(q, k, cos, sin, options) as a binding that takes the schema's arguments."""
+
+    def run(q, k, cos, sin, *schema_options):
+        return entry(q, k, cos, sin, RopeOptions(*schema_options))
+
+    return run
+
+
+def call(op, q, k, cos, sin, options: RopeOptions):
+    """op (rope, rope_backward or rope_) with ``options`` spread into the schema's arguments."""
+    position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = options
+    return op(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
+              mrope_interleaved=mrope_interleaved)  # fmt: skip
 
 
 # --- Positions: checked against the tables where the values can be read
@@ -272,20 +294,29 @@ def check_positions(op: str, q, k, cos, position_ids, cu_seqlens) -> None:
 
 
 def _on_cpu(op: str, entry):
-    """A CPU binding's entry after the position check (CPU values read freely)."""
+    """A CPU binding (schema arguments): entry(q, k, cos, sin, options) after the position
+    check (CPU values read freely)."""
 
-    def run(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
-        check_positions(op, q, k, cos, position_ids, cu_seqlens)
-        return entry(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    def run(q, k, cos, sin, *schema_options):
+        options = RopeOptions(*schema_options)
+        check_positions(op, q, k, cos, options.position_ids, options.cu_seqlens)
+        return entry(q, k, cos, sin, options)
 
     return run
 
 
 def _on_cpu_prepared(op: str, prepare):
-    """A CPU binding's prepared form: the prepared run after the position check (it reads values: every call)."""
+    """A CPU binding's prepared form (schema arguments): the prepared run after the position
+    check (it reads values: every call)."""
 
-    def prepare_on_cpu(*args):
-        return _on_cpu(op, prepare(*args))
+    def prepare_on_cpu(q, k, cos, sin, *schema_options):
+        prepared = prepare(q, k, cos, sin, RopeOptions(*schema_options))
+
+        def run(q, k, cos, sin, position_ids, cu_seqlens, *fixed):
+            check_positions(op, q, k, cos, position_ids, cu_seqlens)
+            return prepared(q, k, cos, sin, position_ids, cu_seqlens, *fixed)
+
+        return run
 
     return prepare_on_cpu
 
@@ -303,25 +334,27 @@ ROPE = define_op(
     check=_check_rope,
     fake=_fake,
     entries=Entries(
-        cuda=launch.cuda_forward,
-        npu=launch.npu_forward,
+        cuda=_bundled(launch.cuda_forward),
+        npu=_bundled(launch.npu_forward),
         interpreted=_on_cpu(_OP, launch.cuda_forward),
         reference=_on_cpu(_OP, reference.forward),
     ),
-    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=_on_cpu_prepared(_OP, launch.prepare_cuda_forward)),
+    prepare=Prepare(
+        cuda=_bundled(launch.prepare_cuda_forward), interpreted=_on_cpu_prepared(_OP, launch.prepare_cuda_forward)
+    ),
 )
 ROPE_BACKWARD = define_op(
     f"rope_backward(Tensor dq, Tensor? dk, Tensor cos, Tensor sin, {OPTIONS}) -> (Tensor, Tensor?)",
     check=_check_rope_backward,
     fake=_fake,
     entries=Entries(
-        cuda=launch.cuda_backward,
-        npu=launch.npu_backward,
+        cuda=_bundled(launch.cuda_backward),
+        npu=_bundled(launch.npu_backward),
         interpreted=_on_cpu(_OP + "_backward", launch.cuda_backward),
         reference=_on_cpu(_OP + "_backward", reference.backward),
     ),
     prepare=Prepare(
-        cuda=launch.prepare_cuda_backward,
+        cuda=_bundled(launch.prepare_cuda_backward),
         interpreted=_on_cpu_prepared(_OP + "_backward", launch.prepare_cuda_backward),
     ),
 )
@@ -331,8 +364,8 @@ ROPE_ = define_op(
     fake=_fake_,
     traceable=False,  # in place: torch.compile functionalizes the opaque op (auto_functionalized)
     entries=Entries(
-        cuda=launch.cuda_forward_,
-        npu=launch.npu_forward_,
+        cuda=_bundled(launch.cuda_forward_),
+        npu=_bundled(launch.npu_forward_),
         interpreted=_on_cpu(_OP + "_", launch.cuda_forward_),
         reference=_on_cpu(_OP + "_", reference.forward_),
     ),
@@ -350,16 +383,20 @@ def _refuse_table_grad(op: str, cos: torch.Tensor, sin: torch.Tensor) -> None:
         )
 
 
-def _save(ctx, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved) -> None:
+# Autograd works at the schema: its formulas call the ops, which take the schema's arguments.
+
+
+def _save(ctx, cos, sin, position_ids, cu_seqlens, *fixed) -> None:
+    """The tensors through save_for_backward, the other options (RopeOptions' order) on ctx."""
     ctx.save_for_backward(cos, sin, position_ids, cu_seqlens)
-    ctx.options = {"pairs": pairs, "mrope_section": mrope_section, "mrope_interleaved": mrope_interleaved}
+    ctx.fixed_options = fixed
 
 
 def _no_table_grad(op: str):
     def setup_context(ctx, inputs, output) -> None:
-        _, _, cos, sin, *options = inputs
+        _, _, cos, sin, *schema_options = inputs
         _refuse_table_grad(op, cos, sin)
-        _save(ctx, cos, sin, *options)
+        _save(ctx, cos, sin, *schema_options)
 
     return setup_context
 
@@ -373,9 +410,7 @@ def _transpose_with(op, ctx, dq, dk, needs=None):
     dq, dk = (dq if need_q else None), (dk if need_k else None)
     if dq is None and dk is None:
         return (None,) * 9
-    options = ctx.options
-    args = (cos, sin, position_ids, cu_seqlens, options["pairs"], options["mrope_section"],
-            options["mrope_interleaved"])  # fmt: skip
+    args = (cos, sin, position_ids, cu_seqlens, *ctx.fixed_options)
     if dq is None:  # k's gradient alone: first, as rope(k, None) takes k alone (the first tensor is not optional)
         gk, _ = call_from_backward(op, dk, None, *args)
         return (None, gk) + (None,) * 7
@@ -472,12 +507,11 @@ def _in_region(t: torch.Tensor, region: _Region) -> torch.Tensor:
 class _RopeInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, args, regions, *bases):
-        q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = args
+        q, k, cos, sin, options = args
         with torch._C._AutoDispatchBelowAutograd():
-            ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
-                  mrope_interleaved=mrope_interleaved)  # fmt: skip
+            call(ROPE_, q, k, cos, sin, options)
         ctx.mark_dirty(*bases)
-        _save(ctx, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+        _save(ctx, cos, sin, *options)
         ctx.bases = [(b.shape, b.stride()) for b in bases]
         ctx.regions = regions
         return bases if len(bases) > 1 else bases[0]
@@ -516,7 +550,8 @@ class _RopeInPlace(torch.autograd.Function):
 def _rope_inplace_autograd(
     q, k, cos, sin, position_ids=None, cu_seqlens=None, *, pairs="halves", mrope_section=None, mrope_interleaved=False
 ) -> None:
-    args = (q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    options = RopeOptions(position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+    args = (q, k, cos, sin, options)
     tensors = (q, k, cos, sin)
     if forward_ad._current_level >= 0 and any(
         t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
@@ -539,8 +574,7 @@ def _rope_inplace_autograd(
         _RopeInPlace.apply(args, regions, *bases)
         return None
     with torch._C._AutoDispatchBelowAutograd():
-        return ROPE_(q, k, cos, sin, position_ids, cu_seqlens, pairs=pairs, mrope_section=mrope_section,
-                     mrope_interleaved=mrope_interleaved)  # fmt: skip
+        return call(ROPE_, q, k, cos, sin, options)
 
 
 LIB.impl("rope_", _bump_versions, "ADInplaceOrView", with_keyset=True)
