@@ -15,7 +15,7 @@ slow per-sample loop with a warning):
   call would reduce across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
 
-rope_ takes reverse-mode gradients (registrations/rope.py); forward-mode AD
+rope_ takes reverse-mode gradients (registrations/rope_inplace.py); forward-mode AD
 through it raises naming it.
 
 Forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad): the
