@@ -75,7 +75,6 @@ def apply_rotary_pos_emb_interleave(
     reads GPT-J pairs (x[2p], x[2p+1]) and writes pair p to (p, p + R/2),
     each pair rotated by the first half of the (halves-layout) tables.
     position_ids is unused, as in transformers."""
-    del position_ids
     # The original reads only the tables' first half; so does the op, given it twice.
     cos = torch.cat((_first_half(cos),) * 2, dim=-1)
     sin = torch.cat((_first_half(sin),) * 2, dim=-1)

@@ -150,7 +150,6 @@ def apply_rotary_pos_emb(
     Where ``rotates_in_place`` allows (a model's fresh projections in
     training), q and k are rotated in place and returned.
     """
-    del position_ids
     if unsqueeze_dim in _HEADS_FIRST:
         return rope_in_place_or_not(q, k, cos, sin)
     if unsqueeze_dim in _SEQ_FIRST:

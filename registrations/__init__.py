@@ -12,6 +12,7 @@ from registrations import (
     group_norm,  # noqa: F401
     poly_norm,  # noqa: F401
     rope,  # noqa: F401
+    rope_inplace,  # noqa: F401  (rope_ under autograd)
     sharding,  # noqa: F401
 )
 

@@ -15,7 +15,7 @@ slow per-sample loop with a warning):
   call would reduce across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
 
-rope_ takes reverse-mode gradients (registrations/rope.py); forward-mode AD
+rope_ takes reverse-mode gradients (registrations/rope_inplace.py); forward-mode AD
 through it raises naming it.
 
 Forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad): the
@@ -40,12 +40,13 @@ from torch.autograd import forward_ad
 from csrc_free_ops.cross_entropy import launch as cross_entropy_launch
 from csrc_free_ops.group_norm import reference as group_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
+from csrc_free_ops.rope import RopeOptions
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
-from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
+from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD, call
 from registrations.transforms import any_tangent
 
 # ---------------------------------------------------------------------------
@@ -108,22 +109,26 @@ def _group_norm_backward_vmap(info, in_dims, grad_out, x, num_groups, weight, bi
 ROPE_POSITIONAL = 6  # q, k, cos, sin, position_ids, cu_seqlens; then pairs, mrope_section, mrope_interleaved
 
 
-def _rope_options(rest: tuple) -> dict:
-    return dict(zip(("pairs", "mrope_section", "mrope_interleaved"), rest, strict=True))
+def _keywords(options: RopeOptions) -> dict:
+    """The keyword-only options, for per-sample calls (the index tensors go positionally: they may be vmapped)."""
+    return {"pairs": options.pairs, "mrope_section": options.mrope_section,
+            "mrope_interleaved": options.mrope_interleaved}  # fmt: skip
 
 
 def _rope_vmap(op: torch._ops.OpOverload) -> Callable:
-    def rule(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens, *rest):
-        options = _rope_options(rest)
+    def rule(info, in_dims, q, k, cos, sin, *schema_options):
+        options = RopeOptions(*schema_options)
+        position_ids, cu_seqlens = options.position_ids, options.cu_seqlens
+        per_sample = _per_sample(op, _keywords(options))
         in_dims = in_dims[:ROPE_POSITIONAL]
         if not _batched_data_only(0, 1)(in_dims) or cu_seqlens is not None:
-            return _per_sample(op, options)(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens)
+            return per_sample(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens)
         n = info.batch_size
         qb = None if q is None else _front(q, in_dims[0], n)
         kb = None if k is None else _front(k, in_dims[1], n)
         front = qb if qb is not None else kb
         if front.dim() != 5:  # packed (T, H, D) tokens: one sequence per call
-            return _per_sample(op, options)(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens)
+            return per_sample(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens)
         batch = front.shape[1]
 
         def fold(t):  # (n, B, ...) -> (n*B, ...)
@@ -134,7 +139,7 @@ def _rope_vmap(op: torch._ops.OpOverload) -> Callable:
                 return fold(t.expand(n, *t.shape))
             return t
 
-        mrope = options["mrope_section"] is not None
+        mrope = options.mrope_section is not None
 
         def ids(t):  # per-sample position ids, (B, S) or M-RoPE's (3, B, S), repeat likewise
             if t is None or t.dim() != (3 if mrope else 2) or t.shape[-2] == 1:
@@ -143,16 +148,18 @@ def _rope_vmap(op: torch._ops.OpOverload) -> Callable:
                 return t.unsqueeze(1).expand(3, n, *t.shape[1:]).reshape(3, n * batch, t.shape[-1])
             return fold(t.expand(n, *t.shape))
 
-        out_q, out_k = op(fold(qb), fold(kb), table(cos), table(sin), ids(position_ids), None, **options)
+        folded = options._replace(position_ids=ids(position_ids))
+        out_q, out_k = call(op, fold(qb), fold(kb), table(cos), table(sin), folded)
         outs = (None if out_q is None else out_q.reshape(qb.shape), None if out_k is None else out_k.reshape(kb.shape))
         return outs, tuple(None if o is None else 0 for o in outs)
 
     return rule
 
 
-def _rope_inplace_vmap(info, in_dims, q, k, cos, sin, position_ids, cu_seqlens, *rest):
-    return _per_sample(ROPE_, _rope_options(rest))(
-        info, in_dims[:ROPE_POSITIONAL], q, k, cos, sin, position_ids, cu_seqlens
+def _rope_inplace_vmap(info, in_dims, q, k, cos, sin, *schema_options):
+    options = RopeOptions(*schema_options)
+    return _per_sample(ROPE_, _keywords(options))(
+        info, in_dims[:ROPE_POSITIONAL], q, k, cos, sin, options.position_ids, options.cu_seqlens
     )
 
 
@@ -178,19 +185,19 @@ def _tangent(t, like):
 
 def _rope_jvp(op: torch._ops.OpOverload) -> Callable:
     def rule(primals, tangents):
-        q, k, cos, sin, position_ids, cu_seqlens, *rest = primals
+        q, k, cos, sin, *schema_options = primals
         tq, tk, tcos, tsin = tangents[:4]
-        options = _rope_options(tuple(rest))
+        options = RopeOptions(*schema_options)
 
-        def call(x, y, c, s):
-            return op(x, y, c, s, position_ids, cu_seqlens, **options)
+        def rotate(x, y, c, s):
+            return call(op, x, y, c, s, options)
 
         def zero_if_absent(t, like):
             return None if like is None else _tangent(t, like)
 
-        out_q, out_k = call(zero_if_absent(tq, q), zero_if_absent(tk, k), cos, sin)
+        out_q, out_k = rotate(zero_if_absent(tq, q), zero_if_absent(tk, k), cos, sin)
         if tcos is not None or tsin is not None:
-            dq, dk = call(q, k, _tangent(tcos, cos), _tangent(tsin, sin))
+            dq, dk = rotate(q, k, _tangent(tcos, cos), _tangent(tsin, sin))
             out_q = None if out_q is None else out_q + dq
             out_k = None if out_k is None else out_k + dk
         return out_q, out_k

@@ -97,6 +97,8 @@ def rope_option_args(shape, dt, pt):
     tokens, B documents), "position_ids", "mrope" or "mrope_interleaved" ((max_pos, R) tables); Hk = 0: q alone
     (k alone is rope(k, None): the same launch).  cos in the parameter dtype, sin too, or in the data dtype
     with "sin_data"."""
+    from csrc_free_ops.rope import RopeOptions  # imported where the launch modules are: after the profile is set
+
     b, hq, hk, s, d, r, positions, pairs, *tables = shape
     cos = _t((4 * s, r), pt)
     sin = _t((4 * s, r), dt if tables == ["sin_data"] else pt)
@@ -104,10 +106,10 @@ def rope_option_args(shape, dt, pt):
     if positions == "cu_seqlens":
         q, k = _t((b * s, hq, d), dt), _t((b * s, hk, d), dt) if hk else None
         cu_seqlens = torch.arange(0, b * s + 1, s, dtype=torch.int32)
-        return q, k, cos, sin, None, cu_seqlens, pairs, None, False
+        return q, k, cos, sin, RopeOptions(None, cu_seqlens, pairs)
     q, k = _t((b, s, hq, d), dt).transpose(1, 2), _t((b, s, hk, d), dt).transpose(1, 2) if hk else None
     ids = _t((3, b, s) if mrope else (b, s), torch.int64)
-    return q, k, cos, sin, ids, None, pairs, mrope, positions == "mrope_interleaved"
+    return q, k, cos, sin, RopeOptions(ids, None, pairs, mrope, positions == "mrope_interleaved")
 
 
 def gn_forward_args(shape, dt, pt):

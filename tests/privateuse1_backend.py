@@ -47,15 +47,20 @@ def to_cpu(t):
     if isinstance(t, NpuTensor):
         return t.raw
     if isinstance(t, (list, tuple)):
-        return type(t)(to_cpu(a) for a in t)
+        return _same_kind(t, [to_cpu(a) for a in t])
     return t
+
+
+def _same_kind(seq, items: list):
+    """items as a sequence of seq's type (a NamedTuple, such as rope's options, takes them as fields)."""
+    return type(seq)(*items) if hasattr(seq, "_fields") else type(seq)(items)
 
 
 def _wrap(out):
     if isinstance(out, torch.Tensor) and out.device.type == "cpu":
         return to_npu(out)
     if isinstance(out, (list, tuple)):
-        return type(out)(_wrap(o) for o in out)
+        return _same_kind(out, [_wrap(o) for o in out])
     return out
 
 

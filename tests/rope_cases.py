@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from csrc_free_ops.rope import reference
+from csrc_free_ops.rope import RopeOptions, reference
 from tests.helpers import DEVICE
 
 HEAD_LAYOUTS = ("contiguous", "transposed", "strided", "cache_slice")
@@ -67,7 +67,7 @@ def angle_table(max_pos, rot, dtype, pairs="halves", device=DEVICE, base=10000.0
 def reference_variant_grads(q, k, cos, sin, dq_out, dk_out, **options):
     """Float64 outputs and gradients through the reference forward; q or k may be None."""
     leaves = [None if t is None else t.detach().double().requires_grad_() for t in (q, k)]
-    outs = reference.forward(*leaves, cos.double(), sin.double(), **options)
+    outs = reference.forward(*leaves, cos.double(), sin.double(), RopeOptions(**options))
     pairs = [(o, g.double(), x) for o, g, x in zip(outs, (dq_out, dk_out), leaves, strict=True) if x is not None]
     grads = torch.autograd.grad([o for o, _, _ in pairs], [x for _, _, x in pairs], [g for _, g, _ in pairs])
     it = iter(grads)

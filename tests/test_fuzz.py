@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
+from csrc_free_ops.rope import RopeOptions
 from csrc_free_ops.rope import reference as rope_reference
 from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, assert_close_to_scale, compute_dtype
 from tests.rope_cases import reference_variant_grads
@@ -303,8 +304,8 @@ def _rotation_term_scale(fn, xs, cos, sin, options) -> list[torch.Tensor | None]
     which can cancel to ~0."""
     zero = torch.zeros_like(cos, dtype=torch.float64)
     abs_xs = [None if x is None else x.double().abs() for x in xs]
-    by_cos = fn(*abs_xs, cos.double().abs(), zero, **options)
-    by_sin = fn(*abs_xs, zero, sin.double().abs(), **options)
+    by_cos = fn(*abs_xs, cos.double().abs(), zero, RopeOptions(**options))
+    by_sin = fn(*abs_xs, zero, sin.double().abs(), RopeOptions(**options))
     return [None if c is None else c.abs() + s.abs() for c, s in zip(by_cos, by_sin, strict=True)]
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csrc_free_ops import device
-from csrc_free_ops.rope import launch, plan, reference
+from csrc_free_ops.rope import RopeOptions, launch, plan, reference
 from tests.helpers import ALL_DTYPES, FLOAT_DTYPES, assert_close_to_ref, poison_like, simulate_ascend
 from tests.privateuse1_backend import scenario_output
 from tests.rope_cases import (
@@ -170,7 +170,7 @@ def test_interleaved_pairs_tiles_fit_bishengirs_ub(pairs, dtype, table_dtype, di
     with pytest.MonkeyPatch.context() as mp:
         simulate_ascend(mp, "Ascend910B4")
         q, k, cos, sin = _inputs(1, 128, 64, 2, dim, rot, dtype, table_dtype=table_dtype)
-        problem = launch.problem(q, k, cos, sin, rot < dim, pairs=pairs)
+        problem = launch.problem(q, k, cos, sin, rot < dim, RopeOptions(pairs=pairs))
         p = plan.npu(problem, device.npu_ub_bytes(), device.npu_vector_cores())
         assert max(p.block_qh, p.block_kh) * plan.block_half(rot) <= NPU_MAX_INTERLEAVED_PAIRS
         halves = plan.npu(launch.problem(q, k, cos, sin, rot < dim), device.npu_ub_bytes(), 40)
@@ -204,17 +204,16 @@ def test_npu_launchers_every_variant(v, ub, cores):
         q, k, cos, sin, options = build_variant(v, "cpu")
         grads_out = tuple(None if x is None else torch.randn_like(x) for x in (q, k))
         refs, ref_grads = reference_variant_grads(q, k, cos, sin, *grads_out, **options)
-        outs = launch.npu_forward(q, k, cos, sin, **options)
-        grads = launch.npu_backward(*grads_out, cos, sin, **options)
+        outs = launch.npu_forward(q, k, cos, sin, RopeOptions(**options))
+        grads = launch.npu_backward(*grads_out, cos, sin, RopeOptions(**options))
         inplace = tuple(None if x is None else x.clone() for x in (q, k))
-        launch.npu_forward_(*inplace, cos, sin, **options)
+        launch.npu_forward_(*inplace, cos, sin, RopeOptions(**options))
         for got, want, what in ((outs, refs, "out"), (grads, ref_grads, "grad"), (inplace, refs, "in place")):
             for g, w in zip(got, want, strict=True):
                 assert (g is None) == (w is None)
                 if g is not None:
                     assert_close_to_ref(g, w, v["dtype"], what)
-        problem = launch.problem(q, k, cos, sin, False, cu_seqlens=options.get("cu_seqlens"),
-                                 mrope_section=options.get("mrope_section"))  # fmt: skip
+        problem = launch.problem(q, k, cos, sin, False, RopeOptions(**options)._replace(pairs="halves"))
         p = plan.npu(problem, ub, cores)
         assert p.programs <= cores and p.num_warps is None and not p.split_pairs
         assert p.block_seqs <= plan.NPU_MAX_SEQS_BLOCK
@@ -232,10 +231,10 @@ def test_npu_stride_two_stores_write_every_rotated_pair(pairs):
         options = {"pairs": pairs}
         dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
         refs, ref_grads = reference_variant_grads(q, k, cos, sin, dq_out, dk_out, **options)
-        outs = launch.npu_forward(q, k, cos, sin, **options)
-        grads = launch.npu_backward(dq_out, dk_out, cos, sin, **options)
+        outs = launch.npu_forward(q, k, cos, sin, RopeOptions(**options))
+        grads = launch.npu_backward(dq_out, dk_out, cos, sin, RopeOptions(**options))
         inplace = (q.clone(), k.clone())
-        launch.npu_forward_(*inplace, cos, sin, **options)
+        launch.npu_forward_(*inplace, cos, sin, RopeOptions(**options))
         assert _plan(q, k, cos, sin, True).block_qh < q.shape[1]
         for got, want, what in ((outs, refs, "out"), (grads, ref_grads, "grad"), (inplace, refs, "in place")):
             for g, w in zip(got, want, strict=True):

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csrc_free_ops.rope import launch, plan, reference
+from csrc_free_ops.rope import RopeOptions, launch, plan, reference
 from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, poison_like
 from tests.rope_cases import HEAD_LAYOUTS, angle_table, make_heads, reference_variant_grads
 
@@ -111,7 +111,7 @@ def test_mrope_matches_qwen_vl_rotary(generation, section):
     table_cos, table_sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
     options = {"position_ids": position_ids, "mrope_section": section, "mrope_interleaved": generation == 3}
     got = torch.ops.liger.rope(q, k, table_cos, table_sin, **options)
-    ref = reference.forward(q.double(), k.double(), table_cos.double(), table_sin.double(), **options)
+    ref = reference.forward(q.double(), k.double(), table_cos.double(), table_sin.double(), RopeOptions(**options))
     for g, r, w in zip(got, ref, want, strict=True):
         assert_close_to_ref(r, w, torch.float32, "reference vs HF")
         assert_close_to_ref(g, w, torch.float32, "op vs HF")
@@ -248,18 +248,19 @@ def test_rows_outside_the_table_are_nan_on_the_gpu_path():
     cos, sin = angle_table(5, 8, torch.float32)
     position_ids = torch.tensor([[0, 5, -1, 4]], device=DEVICE)
     good = position_ids.clamp(0, 4)
-    want = reference.forward(q.double(), k.double(), cos.double(), sin.double(), position_ids=good)
-    got = launch.cuda_forward(q, k, cos, sin, position_ids=position_ids)
+    want = reference.forward(q.double(), k.double(), cos.double(), sin.double(), RopeOptions(position_ids=good))
+    got = launch.cuda_forward(q, k, cos, sin, RopeOptions(position_ids=position_ids))
     for g, w in zip(got, want, strict=True):
         assert torch.isnan(g[:, :, 1:3, :8]).all() and not torch.isnan(g[:, :, 1:3, 8:]).any()
         assert_close_to_ref(g[:, :, 1:3, 8:], w[:, :, 1:3, 8:], torch.float32)
         assert_close_to_ref(g[:, :, [0, 3]], w[:, :, [0, 3]], torch.float32)
     # a sequence of cu_seqlens longer than the table: its tokens past max_pos
     packed = q[0].transpose(0, 1)
-    got, _ = launch.cuda_forward(packed, None, cos, sin, cu_seqlens=torch.tensor([0, 4, 4], device=DEVICE))
+    got, _ = launch.cuda_forward(packed, None, cos, sin, RopeOptions(cu_seqlens=torch.tensor([0, 4, 4], device=DEVICE)))
     assert torch.isnan(got[:, :, :8]).any(dim=(1, 2)).tolist() == [False, False, False, False]
     short_cos, short_sin = angle_table(3, 8, torch.float32)
-    got, _ = launch.cuda_forward(packed, None, short_cos, short_sin, cu_seqlens=torch.tensor([0, 4], device=DEVICE))
+    bounds = RopeOptions(cu_seqlens=torch.tensor([0, 4], device=DEVICE))
+    got, _ = launch.cuda_forward(packed, None, short_cos, short_sin, bounds)
     assert torch.isnan(got[:, :, :8]).all(dim=2).all(dim=1).tolist() == [False, False, False, True]
 
 
@@ -273,8 +274,9 @@ def test_sequence_starts_are_searched_in_chunks():
     cos, sin = angle_table(4, 8, torch.float32)
     p = plan.Plan(block_qh=4, block_kh=2, programs=tokens, num_warps=1, block_seqs=4, split_pairs=True)
     qo, ko = poison_like(q), poison_like(k)
-    launch.rotate(q, k, qo, ko, cos, sin, p, backward=False, cu_seqlens=bounds, pairs="interleaved")
-    want = reference.forward(q.double(), k.double(), cos.double(), sin.double(), cu_seqlens=bounds, pairs="interleaved")
+    options = RopeOptions(cu_seqlens=bounds, pairs="interleaved")
+    launch.rotate(q, k, qo, ko, cos, sin, p, backward=False, options=options)
+    want = reference.forward(q.double(), k.double(), cos.double(), sin.double(), options)
     assert_close_to_ref(qo, want[0], torch.float32, "q_out")
     assert_close_to_ref(ko, want[1], torch.float32, "k_out")
 
@@ -287,13 +289,13 @@ def test_interleaved_pairs_read_with_strided_loads_or_split_tiles():
     for split in (True, False):
         p = plan.Plan(block_qh=2, block_kh=1, programs=3, num_warps=1, split_pairs=split)  # heads and rows loops
         for pairs in ("interleaved", "interleaved_to_halves"):
-            want = reference.forward(q.double(), k.double(), cos.double(), sin.double(), pairs=pairs)
+            want = reference.forward(q.double(), k.double(), cos.double(), sin.double(), RopeOptions(pairs=pairs))
             qo, ko = poison_like(q), poison_like(k)
-            launch.rotate(q, k, qo, ko, cos, sin, p, backward=False, pairs=pairs)
+            launch.rotate(q, k, qo, ko, cos, sin, p, backward=False, options=RopeOptions(pairs=pairs))
             assert_close_to_ref(qo, want[0], torch.float32, f"q_out split={split} {pairs}")
             assert_close_to_ref(ko, want[1], torch.float32, f"k_out split={split} {pairs}")
             qi, ki = q.clone(), k.clone()
-            launch.forward_(qi, ki, cos, sin, p, pairs=pairs)
+            launch.forward_(qi, ki, cos, sin, p, RopeOptions(pairs=pairs))
             assert_close_to_ref(qi, want[0], torch.float32, f"q in place split={split} {pairs}")
 
 
@@ -418,12 +420,12 @@ def test_vmap_and_jvp_over_the_options():
         got = vmap(call, in_dims=in_dims)(x, y)
         for i in range(n):
             want = reference.forward(x[i].double(), None if y is None else y[i].double(), cos.double(), sin.double(),
-                                     **options)  # fmt: skip
+                                     RopeOptions(**options))  # fmt: skip
             want = [w for w in want if w is not None]
             for g, w in zip(got, want, strict=True):
                 assert_close_to_ref(g[i], w, torch.float32, f"vmap {sorted(options)}")
         tangent = torch.randn_like(x[0])
         _, out_tangent = jvp(lambda t, options=options, y=y: call(t, None if y is None else y[0])[0], (x[0],),
                              (tangent,))  # fmt: skip
-        want = reference.forward(tangent.double(), None, cos.double(), sin.double(), **options)[0]
+        want = reference.forward(tangent.double(), None, cos.double(), sin.double(), RopeOptions(**options))[0]
         assert_close_to_ref(out_tangent, want, torch.float32, f"jvp {sorted(options)}")

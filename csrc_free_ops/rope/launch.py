@@ -6,11 +6,10 @@ and the entry of each dispatch key (registrations/rope.py binds them):
 * ``npu_forward`` / ``npu_backward`` / ``npu_forward_``: ``plan.npu`` for
   the Ascend profile (``csrc_free_ops.device``).
 
-Every function takes the op's arguments by their names: q and k (either may
-be None: the single-tensor form), cos, sin, position_ids, cu_seqlens, pairs,
-mrope_section, mrope_interleaved.  ``KernelArgs`` is the kernel's runtime
-argument list, written once: the sequence builds it by name and launches it
-in its order.
+Every function takes q and k (either may be None: the single-tensor form),
+cos, sin and the op's options as one ``RopeOptions``.  ``KernelArgs`` is the
+kernel's runtime argument list, written once: the sequence builds it by name
+and launches it in its order; the kernel gets plain arguments.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from torch import Tensor
 
 from csrc_free_ops import device
 from csrc_free_ops.launcher import Launcher, placeholder, scalar_specialization, tracing
-from csrc_free_ops.rope import kernels, plan, reference
+from csrc_free_ops.rope import DEFAULT_OPTIONS, RopeOptions, kernels, plan, reference
 from csrc_free_ops.rope.plan import Plan, Problem
 
 # Layouts whose kernel arguments are kept (a bound on the cache's memory).
@@ -137,10 +136,10 @@ def kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens) -> tu
 
 
 def kernel_args(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tensor | None, cos: Tensor,
-                sin: Tensor, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
-                mrope_section: list[int] | None = None) -> KernelArgs:  # fmt: skip
+                sin: Tensor, options: RopeOptions = DEFAULT_OPTIONS) -> KernelArgs:  # fmt: skip
     """The kernel's arguments for (B, H, S, D) q and k (``heads_view``); an
     absent q or k (None) gets 0 heads and the present one's tensors."""
+    position_ids, cu_seqlens, _, mrope_section, _ = options
     n_qh = 0 if q is None else q.shape[1]
     n_kh = 0 if k is None else k.shape[1]
     tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
@@ -172,9 +171,9 @@ class Layout(NamedTuple):
         return self.scalars[KernelArgs._fields.index(name) - N_TENSORS]
 
 
-def layout(q, k, q_out, k_out, cos, sin, position_ids=None, cu_seqlens=None, mrope_section=None) -> Layout:
+def layout(q, k, q_out, k_out, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> Layout:
     """The Layout of these arguments (q, k: (B, H, S, D) or None)."""
-    scalars = tuple(kernel_args(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)[N_TENSORS:])
+    scalars = tuple(kernel_args(q, k, q_out, k_out, cos, sin, options)[N_TENSORS:])
     return Layout(scalars, scalar_specialization(scalars))
 
 
@@ -216,9 +215,9 @@ class Prepared(NamedTuple):
     scalar_key: int
 
 
-def _prepare(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p,
-             backward, in_place) -> Prepared:  # fmt: skip
-    lay = layout(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, mrope_section)
+def _prepare(q, k, q_out, k_out, cos, sin, options: RopeOptions, p: Plan, backward: bool, in_place: bool) -> Prepared:
+    position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = options
+    lay = layout(q, k, q_out, k_out, cos, sin, options)
     n_rows, n_qh, n_kh = lay.arg("n_rows"), lay.arg("n_qh"), lay.arg("n_kh")
     if n_rows == 0 or n_qh + n_kh == 0:
         return Prepared(None, lay.scalars, lay.scalar_key)
@@ -245,9 +244,7 @@ def _key(t: Tensor) -> tuple:
 
 
 def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tensor | None, cos: Tensor, sin: Tensor,
-           p: Plan, *, backward: bool, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
-           pairs: str = "halves", mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
-           ) -> None:  # fmt: skip
+           p: Plan, *, backward: bool, options: RopeOptions = DEFAULT_OPTIONS) -> None:  # fmt: skip
     """Write the rotation of q and k (its transpose, backward) into q_out and
     k_out, which may be q and k themselves; q and k (B, H, S, D) or (T, H, D),
     either may be None.  Out of place, partial rotary also copies the dims it
@@ -255,6 +252,7 @@ def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tens
     in_place = q_out is q if q is not None else k_out is k
     if (q if q is not None else k).dim() == 3:
         q, k, q_out, k_out = heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out)
+    position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = options
     key = (
         None if q is None else _key(q), None if k is None else _key(k), q_out.stride() if q_out is not None else None,
         k_out.stride() if k_out is not None else None, cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype,
@@ -265,8 +263,7 @@ def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tens
     if prepared is None:
         if len(_PREPARED) >= MAX_LAYOUTS:
             _PREPARED.clear()
-        prepared = _PREPARED[key] = _prepare(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens, pairs,
-                                             mrope_section, mrope_interleaved, p, backward, in_place)  # fmt: skip
+        prepared = _PREPARED[key] = _prepare(q, k, q_out, k_out, cos, sin, options, p, backward, in_place)
     if prepared.run is not None:
         tensors = kernel_tensors(q, k, q_out, k_out, cos, sin, position_ids, cu_seqlens)
         if tracing():  # a traced launch takes a distinct tensor in every parameter
@@ -279,33 +276,25 @@ def _empty_like(x: Tensor | None) -> Tensor | None:
     return None if x is None else torch.empty_like(x)
 
 
-def forward(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
-            position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
-            mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
-            ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+def forward(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan,
+            options: RopeOptions = DEFAULT_OPTIONS) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """(q_out, k_out), each in its input's dtype and memory layout (None for an absent input)."""
     q_out, k_out = _empty_like(q), _empty_like(k)
-    rotate(q, k, q_out, k_out, cos, sin, p, backward=False, position_ids=position_ids, cu_seqlens=cu_seqlens,
-           pairs=pairs, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+    rotate(q, k, q_out, k_out, cos, sin, p, backward=False, options=options)
     return q_out, k_out
 
 
-def backward(dq: Tensor | None, dk: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
-             position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
-             mrope_section: list[int] | None = None, mrope_interleaved: bool = False,
-             ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+def backward(dq: Tensor | None, dk: Tensor | None, cos: Tensor, sin: Tensor, p: Plan,
+             options: RopeOptions = DEFAULT_OPTIONS) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """The transposed rotation of the incoming gradients dq, dk."""
     dq_in, dk_in = _empty_like(dq), _empty_like(dk)
-    rotate(dq, dk, dq_in, dk_in, cos, sin, p, backward=True, position_ids=position_ids, cu_seqlens=cu_seqlens,
-           pairs=pairs, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+    rotate(dq, dk, dq_in, dk_in, cos, sin, p, backward=True, options=options)
     return dq_in, dk_in
 
 
-def forward_(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan, *,
-             position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, pairs: str = "halves",
-             mrope_section: list[int] | None = None, mrope_interleaved: bool = False) -> None:  # fmt: skip
-    rotate(q, k, q, k, cos, sin, p, backward=False, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-           mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+def forward_(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, p: Plan,
+             options: RopeOptions = DEFAULT_OPTIONS) -> None:  # fmt: skip
+    rotate(q, k, q, k, cos, sin, p, backward=False, options=options)
 
 
 # --- The entries of the dispatch keys: the op's arguments in schema order, with its defaults
@@ -320,10 +309,10 @@ def heads_adjacent(x: Tensor | None) -> bool:
     return (stride[-1] == 1 or x.shape[-1] == 1) and (stride[1] == x.shape[-1] or x.shape[1] == 1)
 
 
-def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_pass: bool, *,
-            cu_seqlens: Tensor | None = None, mrope_section: list[int] | None = None,
-            pairs: str = "halves") -> Problem:  # fmt: skip
+def problem(q: Tensor | None, k: Tensor | None, cos: Tensor, sin: Tensor, copy_pass: bool,
+            options: RopeOptions = DEFAULT_OPTIONS) -> Problem:  # fmt: skip
     """What the planning functions need to know of a call (q, k as the op takes them)."""
+    _, cu_seqlens, pairs, mrope_section, _ = options
     q4, k4 = heads_view(q), heads_view(k)
     batch, _, seq_len, head_dim = (q4 if q4 is not None else k4).shape
     compute = 8 if _compute(q, k) == tl.float64 else 4
@@ -344,28 +333,26 @@ def _partial(q: Tensor | None, k: Tensor | None, cos: Tensor) -> bool:
 # once per argument signature.  A prepared run keeps no tensor.
 
 
-def _prepared(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p: Plan,
-              transpose: bool) -> Callable:  # fmt: skip
-    """``forward`` (``backward`` when ``transpose``) with plan p, for every
-    call with these arguments' signature."""
+def _prepared(q, k, cos, sin, options: RopeOptions, p: Plan, transpose: bool) -> Callable:
+    """``forward`` (``backward`` when ``transpose``) with plan p, for every call with these arguments'
+    signature.  The run takes the op's schema arguments as the eager path passes them: of the
+    options only the index tensors differ from call to call, the rest is fixed by the signature."""
     general = backward if transpose else forward
 
-    def general_run(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
-        return general(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-                       mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+    def general_run(q, k, cos, sin, *schema_options):
+        return general(q, k, cos, sin, p, RopeOptions(*schema_options))
 
     packed = (q if q is not None else k).dim() == 3
     # Outputs come from empty_like, whose strides follow the inputs' signature: these samples have them.
     q_out, k_out = _empty_like(q), _empty_like(k)
     views = (heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out))
-    prepared = _prepare(*views, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p,
-                        transpose, False)  # fmt: skip
+    prepared = _prepare(*views, cos, sin, options, p, transpose, False)
     if prepared.run is None:
         return general_run
     launch = prepared.run.bind(p.programs, prepared.scalars)
     if packed or q is None or k is None:
 
-        def run_views(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+        def run_views(q, k, cos, sin, position_ids, cu_seqlens, *fixed):
             q_out, k_out = _empty_like(q), _empty_like(k)
             launch(*kernel_tensors(heads_view(q), heads_view(k), heads_view(q_out), heads_view(k_out), cos, sin,
                                    position_ids, cu_seqlens))  # fmt: skip
@@ -373,7 +360,7 @@ def _prepared(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mr
 
         return run_views
 
-    def run(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
+    def run(q, k, cos, sin, position_ids, cu_seqlens, *fixed):
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         # kernel_tensors' order; absent ids take cos, never read
         launch(q, k, q_out, k_out, cos, sin, cos if position_ids is None else position_ids,
@@ -383,25 +370,22 @@ def _prepared(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mr
     return run
 
 
-def prepare_cuda_forward(
-    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-) -> Callable:
-    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
-    return _prepared(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p, False)
+def prepare_cuda_forward(q, k, cos, sin, options: RopeOptions) -> Callable:
+    p = _cuda_plan(q, k, cos, sin, options, _partial(q, k, cos))
+    return _prepared(q, k, cos, sin, options, p, False)
 
 
-def prepare_cuda_backward(
-    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-) -> Callable:
-    p = _cuda_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
-    return _prepared(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved, p, True)
+def prepare_cuda_backward(dq, dk, cos, sin, options: RopeOptions) -> Callable:
+    p = _cuda_plan(dq, dk, cos, sin, options, _partial(dq, dk, cos))
+    return _prepared(dq, dk, cos, sin, options, p, True)
 
 
 _CUDA_PLANS: dict[tuple, Plan] = {}
 
 
-def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Plan:
+def _cuda_plan(q, k, cos, sin, options: RopeOptions, copy_pass: bool) -> Plan:
     """plan.cuda of this call's Problem, kept by what the Problem is made of."""
+    cu_seqlens, mrope_section = options.cu_seqlens, options.mrope_section
     key = (None if q is None else (q.shape, q.dtype), None if k is None else (k.shape, k.dtype), cos.shape[-1],
            cos.dtype, sin.dtype, copy_pass, None if cu_seqlens is None else cu_seqlens.shape[0],
            mrope_section is None, heads_adjacent(q) and heads_adjacent(k))  # fmt: skip
@@ -409,38 +393,24 @@ def _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, copy_pass: bool) -> Pl
     if found is None:
         if len(_CUDA_PLANS) >= MAX_LAYOUTS:
             _CUDA_PLANS.clear()
-        problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section)
-        found = _CUDA_PLANS[key] = plan.cuda(problem_)
+        found = _CUDA_PLANS[key] = plan.cuda(problem(q, k, cos, sin, copy_pass, options))
     return found
 
 
-def _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, pairs, copy_pass: bool) -> Plan:
-    problem_ = problem(q, k, cos, sin, copy_pass, cu_seqlens=cu_seqlens, mrope_section=mrope_section, pairs=pairs)
-    return plan.npu(problem_, device.npu_ub_bytes(), device.npu_vector_cores())
+def _npu_plan(q, k, cos, sin, options: RopeOptions, copy_pass: bool) -> Plan:
+    return plan.npu(problem(q, k, cos, sin, copy_pass, options), device.npu_ub_bytes(), device.npu_vector_cores())
 
 
-def cuda_forward(
-    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-):
-    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, _partial(q, k, cos))
-    return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-                   mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+def cuda_forward(q, k, cos, sin, options: RopeOptions = DEFAULT_OPTIONS):
+    return forward(q, k, cos, sin, _cuda_plan(q, k, cos, sin, options, _partial(q, k, cos)), options)
 
 
-def cuda_backward(
-    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-):
-    p = _cuda_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, _partial(dq, dk, cos))
-    return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+def cuda_backward(dq, dk, cos, sin, options: RopeOptions = DEFAULT_OPTIONS):
+    return backward(dq, dk, cos, sin, _cuda_plan(dq, dk, cos, sin, options, _partial(dq, dk, cos)), options)
 
 
-def cuda_forward_(
-    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-) -> None:
-    p = _cuda_plan(q, k, cos, sin, cu_seqlens, mrope_section, False)
-    forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+def cuda_forward_(q, k, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> None:
+    forward_(q, k, cos, sin, _cuda_plan(q, k, cos, sin, options, False), options)
 
 
 # triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on Ascend", the Ascend compile
@@ -451,32 +421,20 @@ def _float64(*tensors: Tensor | None) -> bool:
     return any(t is not None and t.dtype == torch.float64 for t in tensors)
 
 
-def npu_forward(
-    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-):
+def npu_forward(q, k, cos, sin, options: RopeOptions = DEFAULT_OPTIONS):
     if _float64(q, k, cos, sin):
-        return reference.forward(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
-    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, pairs, _partial(q, k, cos))
-    return forward(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-                   mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+        return reference.forward(q, k, cos, sin, options)
+    return forward(q, k, cos, sin, _npu_plan(q, k, cos, sin, options, _partial(q, k, cos)), options)
 
 
-def npu_backward(
-    dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-):
+def npu_backward(dq, dk, cos, sin, options: RopeOptions = DEFAULT_OPTIONS):
     if _float64(dq, dk, cos, sin):
-        return reference.backward(dq, dk, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
-    p = _npu_plan(dq, dk, cos, sin, cu_seqlens, mrope_section, pairs, _partial(dq, dk, cos))
-    return backward(dq, dk, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+        return reference.backward(dq, dk, cos, sin, options)
+    return backward(dq, dk, cos, sin, _npu_plan(dq, dk, cos, sin, options, _partial(dq, dk, cos)), options)
 
 
-def npu_forward_(
-    q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None, mrope_interleaved=False
-) -> None:
+def npu_forward_(q, k, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> None:
     if _float64(q, k, cos, sin):
-        reference.forward_(q, k, cos, sin, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
+        reference.forward_(q, k, cos, sin, options)
         return
-    p = _npu_plan(q, k, cos, sin, cu_seqlens, mrope_section, pairs, False)
-    forward_(q, k, cos, sin, p, position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs,
-             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)  # fmt: skip
+    forward_(q, k, cos, sin, _npu_plan(q, k, cos, sin, options, False), options)

@@ -25,7 +25,7 @@ pairs and writes halves.  Dims R..D pass through.
 
 cos/sin rows: given per (batch, position) (gathered), or looked up in a
 (max_pos, R) table at position_ids, or at each token's offset in its
-sequence of cu_seqlens.  M-RoPE looks each pair up at its own stream's
+sequence of cu_seqlens (``RopeOptions``).  M-RoPE looks each pair up at its own stream's
 position (``pair_streams``).  Math runs in float32, float64 when the data is
 float64; outputs come back in each input's dtype and memory layout.
 """
@@ -33,6 +33,10 @@ float64; outputs come back in each input's dtype and memory layout.
 from __future__ import annotations
 
 import torch
+
+from csrc_free_ops.rope import DEFAULT_OPTIONS, RopeOptions
+
+Pair = tuple[torch.Tensor | None, torch.Tensor | None]
 
 PAIRS = ("halves", "interleaved", "interleaved_to_halves")
 
@@ -84,9 +88,9 @@ def sequence_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return t - starts[idx.clamp(min=0)]
 
 
-def _rows(table: torch.Tensor, batch: int, seq: int, position_ids, cu_seqlens, mrope_section, mrope_interleaved,
-          table_interleaved: bool) -> torch.Tensor:  # fmt: skip
+def _rows(table: torch.Tensor, batch: int, seq: int, options: RopeOptions, table_interleaved: bool) -> torch.Tensor:
     """The (B or 1, S, R) cos or sin rows of every (batch, position)."""
+    position_ids, cu_seqlens, _, mrope_section, mrope_interleaved = options
     if position_ids is None and cu_seqlens is None:
         return table if table.dim() == 3 else table.unsqueeze(0)
     if cu_seqlens is not None:
@@ -103,15 +107,14 @@ def _rows(table: torch.Tensor, batch: int, seq: int, position_ids, cu_seqlens, m
     return per_stream.gather(0, col_streams.view(1, 1, 1, rot).expand(1, *per_stream.shape[1:])).squeeze(0)
 
 
-def _rotate(x, cos, sin, ct, *, inverse, position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved):
-    x_in, x_out = interleaved(pairs)
+def _rotate(x, cos, sin, ct, inverse: bool, options: RopeOptions):
+    x_in, x_out = interleaved(options.pairs)
     if inverse:  # reads dy in the forward's output layout, writes dx in its input layout
         x_in, x_out = x_out, x_in
     table_interleaved = x_in if inverse else x_out
     x4 = _as_4d(x)
     batch, _, seq, _ = x4.shape
-    rows = [_rows(t, batch, seq, position_ids, cu_seqlens, mrope_section, mrope_interleaved, table_interleaved)
-            for t in (cos, sin)]  # fmt: skip
+    rows = [_rows(t, batch, seq, options, table_interleaved) for t in (cos, sin)]
     c, s = (r.unsqueeze(1).to(ct) for r in rows)  # (B or 1, 1, S, R)
     rot = c.shape[-1]
     c_lo, c_hi = _split(c, rot, table_interleaved)
@@ -135,31 +138,22 @@ def _like(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _each(q, k, cos, sin, inverse, options):
+def _each(q, k, cos, sin, inverse: bool, options: RopeOptions):
     ct = compute_dtype(q, k)
-    return tuple(None if x is None else _rotate(x, cos, sin, ct, inverse=inverse, **options) for x in (q, k))
+    return tuple(None if x is None else _rotate(x, cos, sin, ct, inverse, options) for x in (q, k))
 
 
-def forward(q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None,
-            mrope_interleaved=False) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
-    options = dict(position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs, mrope_section=mrope_section,
-                   mrope_interleaved=mrope_interleaved)  # fmt: skip
+def forward(q, k, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> Pair:
     outs = _each(q, k, cos, sin, False, options)
     return tuple(None if x is None else _like(x, y) for x, y in zip((q, k), outs, strict=True))
 
 
-def backward(dq, dk, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None,
-             mrope_interleaved=False) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
-    options = dict(position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs, mrope_section=mrope_section,
-                   mrope_interleaved=mrope_interleaved)  # fmt: skip
+def backward(dq, dk, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> Pair:
     outs = _each(dq, dk, cos, sin, True, options)
     return tuple(None if x is None else _like(x, y) for x, y in zip((dq, dk), outs, strict=True))
 
 
-def forward_(q, k, cos, sin, position_ids=None, cu_seqlens=None, pairs="halves", mrope_section=None,
-             mrope_interleaved=False) -> None:  # fmt: skip
-    options = dict(position_ids=position_ids, cu_seqlens=cu_seqlens, pairs=pairs, mrope_section=mrope_section,
-                   mrope_interleaved=mrope_interleaved)  # fmt: skip
+def forward_(q, k, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> None:
     for x, y in zip((q, k), _each(q, k, cos, sin, False, options), strict=True):
         if x is not None:
             x.copy_(y)
