@@ -234,6 +234,15 @@ def _launch_group_norm_paths() -> None:
                         gn_launch.backward(x, x, 4, w, b, 1e-5, p)
                     else:
                         gn_launch.forward(x, 4, w, b, 1e-5, p)
+        # The nhwc kernels (channels-last only) in every case: each dtype and parameter branch.
+        x = torch.zeros(2, 40, 16, dtype=dt).movedim(-1, 1)
+        for backward, activation in itertools.product((False, True), ("none", "silu")):
+            pb = Problem(2, 16, 40, 4, x.element_size(), w is not None, b is not None, backward, activation, True)
+            p = gn_plan.nhwc(pb, *tiles.nhwc_geometry(pb, 8, 64, 8), 5, 4, True, reduce)
+            if backward:
+                gn_launch.backward(x, x, 4, w, b, 1e-5, p)
+            else:
+                gn_launch.forward(x, 4, w, b, 1e-5, p)
         x = torch.zeros(2, 16, 40, dtype=dt)
         for activation in ("none", "silu") if i < 2 else ("none",):
             gn_launch.cuda_forward(x, 4, w, b, 1e-5, activation)

@@ -20,7 +20,11 @@ group) is a *row* of cpg = C // num_groups channels x HW positions.  Paths
   dx, which merges its group's partials itself when they are few
   (``FUSE_MIN_CHUNK_PER_PARTIAL``).
 
-CUDA picks, in order: whole (if the group fits and there are enough rows to
+* nhwc (CUDA, channels-last x): split's three launches over items that
+  span groups, [positions, channels] tiles reading whole pixel rows.
+
+CUDA picks nhwc for channels-last x with narrow group runs (``nhwc_wins``),
+else, in order: whole (if the group fits and there are enough rows to
 fill the SMs, or no one-pass plan is possible); looped (enough rows per SM
 and x under ``ONE_PASS_MIN_BYTES``: measured faster than one-pass there); one-pass
 (if the device allows it -- a real GPU, contiguous x, float32 math, not a
@@ -43,7 +47,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from csrc_free_ops.device import NPU_MAX_GRID
-from csrc_free_ops.group_norm import kernels, npu_budget, residency, tiles
+from csrc_free_ops.group_norm import kernels, nhwc_kernels, npu_budget, residency, tiles
 from csrc_free_ops.group_norm.residency import CudaDevice
 from csrc_free_ops.group_norm.workspace import (
     BWD_PARTIALS,
@@ -72,7 +76,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    path: str  # "whole", "one_pass", "looped" or "split"
+    path: str  # "whole", "one_pass", "looped", "split" or "nhwc"
     steps: tuple[Step, ...]  # in launch order
     chunk: int  # positions per spatial segment: the kernels' `chunk` argument
     workspace: Workspace  # its rows
@@ -173,6 +177,19 @@ FUSE_MIN_CHUNK_PER_PARTIAL = 8
 # Partials per merge step; (rows, channels) of a reduce tile.
 MERGE_BLOCK = 1024
 REDUCE_TILE, REDUCE_BLOCK_C = 2048, 128
+
+# NHWC (channels-last x read by whole pixel rows, nhwc_kernels.py): taken
+# for channels-last x whose group's run of a pixel row is under
+# NHWC_MAX_GROUP_ROW_BYTES (a group's tile would read a sliver of each row)
+# once x holds NHWC_MIN_BYTES (below, one whole-group launch beats three).
+# Tiles hold at most NHWC_TILE_C channels and NHWC_TILE[backward] elements;
+# items are aimed at NHWC_ITEMS_PER_SM per SM.  Each is read off
+# ``python -m bench.lab.probe_group_norm_nhwc`` (its table's last lines say how).
+NHWC_MAX_GROUP_ROW_BYTES = 256
+NHWC_MIN_BYTES = 2**20
+NHWC_TILE_C = 256
+NHWC_TILE = {False: 4096, True: 2048}
+NHWC_ITEMS_PER_SM = 4
 
 NPU_REDUCE_BLOCK_C = 64
 
@@ -299,6 +316,50 @@ def split(pb: Problem, block_c: int, block_hw: int, chunk: int, grid_cap: int, m
     return _plan(pb, "split", steps, chunk, workspace)
 
 
+def nhwc(pb: Problem, block_c: int, block_hw: int, chunk: int, grid_cap: int, merge_block: int, warps: bool,
+         reduce: tuple[int, int, int, tuple]) -> Plan:  # fmt: skip
+    """Channels-last x by whole pixel rows: partials, finalize, apply / dx
+    [, reduce] over items of [block_hw, block_c] tiles (nhwc_kernels.py).
+    A backward with an activation first runs the partials and finalize for
+    the statistics alone, as split does."""
+    if not pb.channels_last:
+        raise ValueError("group_norm: nhwc plans read channels-last x only; plan contiguous x another path")
+    splits = cdiv(pb.hw, chunk)
+    items = pb.n * cdiv(pb.c, block_c) * splits
+    base = BWD_PARTIALS if pb.backward else FWD_PARTIALS
+    workspace = Workspace(base.segment, BWD_STATS if pb.backward else FWD_STATS)
+    block = (("BLOCK_C", block_c), ("BLOCK_HW", block_hw))
+    merge = min(next_pow2(pb.cpg * splits), merge_block)
+    block_p = (("BLOCK_P", merge),)
+    tile_options = _warps(block_c * block_hw) if warps else ()
+    merge_options = _warps(merge) if warps else ()
+    stats = (("STATS_ROW", len(workspace.segment)),)
+    grid = max(1, min(items, grid_cap))
+    finalize_grid = max(1, min(pb.rows, grid_cap))
+    partial_rows = workspace.rows("mean", "m2") + (workspace.rows("sum_dy", "sum_dy_d") if pb.backward else ())
+    if not pb.backward:
+        steps = [
+            Step(nhwc_kernels.nhwc_fwd_partials_kernel, grid, partial_rows + block + _common(pb), tile_options),
+            Step(kernels.fwd_finalize_kernel, finalize_grid, partial_rows + stats + block_p + _common(pb),
+                 merge_options),
+            Step(nhwc_kernels.nhwc_fwd_apply_kernel, grid, _flags(pb) + stats + block + _common(pb), tile_options),
+        ]  # fmt: skip
+        return _plan(pb, "nhwc", steps, chunk, workspace)
+    steps = []
+    for has_dy in (False, True) if pb.activation != "none" else (True,):
+        steps.append(Step(nhwc_kernels.nhwc_bwd_partials_kernel, grid, _flags(pb) + (("HAS_DY", has_dy),)
+                          + partial_rows + stats + block + _common(pb), tile_options))  # fmt: skip
+        steps.append(Step(kernels.bwd_finalize_kernel, finalize_grid, (("HAS_W", pb.has_weight), ("HAS_DY", has_dy))
+                          + partial_rows + stats + block_p + _common(pb), merge_options))  # fmt: skip
+    rows = workspace.rows("mean", "sum_dy", "sum_dy_d", "dweight")
+    steps.append(Step(nhwc_kernels.nhwc_bwd_dx_kernel, grid, _flags(pb) + rows + stats + block + _common(pb),
+                      tile_options))  # fmt: skip
+    if pb.has_weight or pb.has_bias:
+        block_r, block_rc, reduce_grid, reduce_options = reduce
+        steps.append(_reduce_step(pb, workspace, pb.n * splits, block_r, block_rc, reduce_grid, reduce_options))
+    return _plan(pb, "nhwc", steps, chunk, workspace)
+
+
 def one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | None, prefetch: bool,
              merge_block: int, max_rounds: int = 1 << 30, fallback: Plan | None = None,
              reduce: tuple[int, int, int, tuple] = (1, 1, 1, ()), maxnreg: int | None = None) -> Plan:  # fmt: skip
@@ -403,7 +464,26 @@ def _cuda_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan) -> Plan | None:
     return None
 
 
+def cuda_nhwc(pb: Problem, sms: int, tile_c: int = NHWC_TILE_C, tile: int | None = None,
+              items_per_sm: int = NHWC_ITEMS_PER_SM) -> Plan:  # fmt: skip
+    """The nhwc plan with tiles of at most ``tile`` elements (NHWC_TILE;
+    float64 accumulators: half) and ``tile_c`` channels."""
+    if tile is None:
+        tile = NHWC_TILE[pb.backward] // (2 if pb.itemsize == 8 else 1)
+    block_c, block_hw, chunk = tiles.nhwc_geometry(pb, tile_c, tile, sms * items_per_sm)
+    reduce = _cuda_reduce(pb, pb.n * cdiv(pb.hw, chunk), sms)
+    return nhwc(pb, block_c, block_hw, chunk, sms * PROGRAMS_PER_SM, MERGE_BLOCK, True, reduce)
+
+
+def nhwc_wins(pb: Problem) -> bool:
+    """Channels-last x with narrow group runs per pixel row, large enough (NHWC_* above)."""
+    narrow = pb.cpg * pb.itemsize < NHWC_MAX_GROUP_ROW_BYTES
+    return pb.channels_last and narrow and pb.n * pb.c * pb.hw * pb.itemsize >= NHWC_MIN_BYTES
+
+
 def cuda(pb: Problem, dev: CudaDevice) -> Plan:
+    if nhwc_wins(pb):
+        return cuda_nhwc(pb, dev.sms)
     if tiles.whole_fits(pb, BWD_GROUP_TILE if pb.backward else FWD_GROUP_TILE):
         padded = next_pow2(pb.cpg) * next_pow2(pb.hw)
         warps = (("num_warps", max(1, min(MAX_WARPS, padded // WHOLE_GROUP_ELEMENTS_PER_WARP))),)

@@ -50,3 +50,15 @@ def one_pass_geometry(pb: Problem, tile: int) -> tuple[int, int]:
 
 def team_size(pb: Problem, block_c: int, block_hw: int) -> int:
     return cdiv(pb.cpg, block_c) * cdiv(pb.hw, block_hw)
+
+
+def nhwc_geometry(pb: Problem, tile_c: int, tile: int, target_items: int) -> tuple[int, int, int]:
+    """(block_c, block_hw, chunk) of nhwc items: [block_hw, block_c] tiles
+    of at most ``tile`` elements, block_c at most ``tile_c`` channels across
+    groups, and the spatial axis cut into segments until there are about
+    ``target_items`` items."""
+    block_c = min(next_pow2(pb.c), tile_c)
+    block_hw = max(1, min(next_pow2(pb.hw), tile // block_c))
+    hw_blocks = cdiv(pb.hw, block_hw)
+    splits = max(1, min(hw_blocks, cdiv(target_items, pb.n * cdiv(pb.c, block_c))))
+    return block_c, block_hw, cdiv(hw_blocks, splits) * block_hw
