@@ -2,6 +2,7 @@
 with the signatures of the layers they replace."""
 
 import registrations  # noqa: F401  (defines torch.ops.liger.*)
+from liger_nn.glu import GeGLUMLP, SwiGLUMLP, geglu, swiglu
 from liger_nn.group_norm import GroupNorm
 from liger_nn.hf_rotary import (
     apply_rotary_pos_emb_glm,
@@ -14,16 +15,20 @@ from liger_nn.poly_norm import PolyNorm
 from liger_nn.rope import apply_rotary_pos_emb
 
 __all__ = [
+    "GeGLUMLP",
     "GroupNorm",
     "LigerPatch",
     "LigerPatchWarning",
     "PatchReport",
     "PolyNorm",
     "Replacement",
+    "SwiGLUMLP",
     "apply_liger_ops",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_glm",
     "apply_rotary_pos_emb_interleave",
     "apply_rotary_pos_emb_interleaved",
     "apply_rotary_pos_emb_vision",
+    "geglu",
+    "swiglu",
 ]

@@ -14,6 +14,8 @@ slow per-sample loop with a warning):
 * cross_entropy, cross_entropy_backward: per sample (a mean or sum over one
   call would reduce across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
+* swiglu, geglu and their backward ops (pointwise): one call on every
+  tensor with the vmapped dim in front (an unbatched one expanded).
 
 rope_ takes reverse-mode gradients (registrations/rope_inplace.py); forward-mode AD
 through it raises naming it.
@@ -25,25 +27,28 @@ Formula, whose ``jvp`` calls the rule registered here:
 * rope, rope_backward are linear in q/k (dq/dk) and in (cos, sin) jointly:
   the tangent is the op itself on the tangents, plus the op on the primals
   with the tables' tangents; the kernels compute both.
-* poly_norm, group_norm, cross_entropy and their backward ops: the jvp of the op's
+* poly_norm, group_norm, cross_entropy, swiglu, geglu and their backward ops: the jvp of the op's
   pure-PyTorch reference (csrc_free_ops/<op>/reference.py) at the primals,
   in the reference's precision (float32 math, float64 for float64 data).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 from torch.autograd import forward_ad
 
 from csrc_free_ops.cross_entropy import launch as cross_entropy_launch
+from csrc_free_ops.glu import reference as glu_reference
 from csrc_free_ops.group_norm import reference as group_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
 from csrc_free_ops.rope import RopeOptions
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
+from registrations.glu import ACTIVATION, GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD, call
@@ -163,6 +168,16 @@ def _rope_inplace_vmap(info, in_dims, q, k, cos, sin, *schema_options):
     )
 
 
+def _pointwise_vmap(op: torch._ops.OpOverload) -> Callable:
+    """Every tensor (all of one shape) with the vmapped dim in front; one call."""
+
+    def rule(info, in_dims, *tensors):
+        out = op(*(_front(t, d, info.batch_size) for t, d in zip(tensors, in_dims, strict=True)))
+        return out, (tuple(0 for _ in out) if isinstance(out, tuple) else 0)
+
+    return rule
+
+
 VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     POLY_NORM: _poly_norm_vmap,
     POLY_NORM_BACKWARD: _per_sample(POLY_NORM_BACKWARD),
@@ -173,6 +188,10 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _group_norm_backward_vmap,
     CROSS_ENTROPY: _per_sample(CROSS_ENTROPY),
     CROSS_ENTROPY_BACKWARD: _per_sample(CROSS_ENTROPY_BACKWARD),
+    SWIGLU: _pointwise_vmap(SWIGLU),
+    SWIGLU_BACKWARD: _pointwise_vmap(SWIGLU_BACKWARD),
+    GEGLU: _pointwise_vmap(GEGLU),
+    GEGLU_BACKWARD: _pointwise_vmap(GEGLU_BACKWARD),
 }
 
 # ---------------------------------------------------------------------------
@@ -254,6 +273,10 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _by_reference(group_norm_reference.backward),
     CROSS_ENTROPY: _loss_only(_by_reference(cross_entropy_launch.reference_forward)),
     CROSS_ENTROPY_BACKWARD: _by_reference(cross_entropy_launch.reference_backward),
+    SWIGLU: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["swiglu"])),
+    SWIGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["swiglu"])),
+    GEGLU: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["geglu"])),
+    GEGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["geglu"])),
 }
 
 

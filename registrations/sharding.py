@@ -56,6 +56,10 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   divides by the count over all rows).  Backward likewise, grad_loss S(0)
   (none) or R (sum).  Logits sharded over the classes are redistributed
   (gathered): no vocabulary-parallel loss.
+* swiglu, geglu (pointwise): gate and up both S(d), any d -> y S(d) (tensor
+  parallel: gate_proj and up_proj column-sharded alike give S(-1); sequence
+  parallel: S on a leading dim).  Backward: grad_out, gate, up S(d) ->
+  dgate, dup S(d).  Gate and up placed differently are redistributed.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from torch.distributed.tensor.experimental import register_sharding
 from torch.utils import _pytree as pytree
 
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
+from registrations.glu import GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
@@ -136,6 +141,10 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     GROUP_NORM_BACKWARD: lambda a: [True, a.get("weight"), a.get("bias")],
     CROSS_ENTROPY: lambda a: [True, True, True],
     CROSS_ENTROPY_BACKWARD: lambda a: [True],
+    SWIGLU: lambda a: [True],
+    SWIGLU_BACKWARD: lambda a: [True, True],
+    GEGLU: lambda a: [True],
+    GEGLU_BACKWARD: lambda a: [True, True],
 }
 
 
@@ -149,6 +158,19 @@ def _poly_norm(a: dict) -> list:
 
 def _poly_norm_backward(a: dict) -> list:
     return [([Shard(d), P, P], {"grad_out": Shard(d), "x": Shard(d), "weight": R}) for d in range(a["x"].ndim - 1)]
+
+
+# ---------------------------------------------------------------------------
+# swiglu, geglu: pointwise over gate and up of one shape.
+
+
+def _glu(a: dict) -> list:
+    return [([Shard(d)], {"gate": Shard(d), "up": Shard(d)}) for d in range(a["gate"].ndim)]
+
+
+def _glu_backward(a: dict) -> list:
+    placed = ({"grad_out": Shard(d), "gate": Shard(d), "up": Shard(d)} for d in range(a["gate"].ndim))
+    return [([p["gate"], p["up"]], p) for p in placed]
 
 
 # ---------------------------------------------------------------------------
@@ -361,6 +383,10 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _rule(GROUP_NORM_BACKWARD, _group_norm_backward),
     CROSS_ENTROPY: _rule(CROSS_ENTROPY, _cross_entropy),
     CROSS_ENTROPY_BACKWARD: _rule(CROSS_ENTROPY_BACKWARD, _cross_entropy_backward),
+    SWIGLU: _rule(SWIGLU, _glu),
+    SWIGLU_BACKWARD: _rule(SWIGLU_BACKWARD, _glu_backward),
+    GEGLU: _rule(GEGLU, _glu),
+    GEGLU_BACKWARD: _rule(GEGLU_BACKWARD, _glu_backward),
 }
 HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM: _local_num_groups(GROUP_NORM),

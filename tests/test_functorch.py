@@ -14,6 +14,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch.func import grad, jvp, vmap
 
+from csrc_free_ops.glu import reference as glu_ref
 from csrc_free_ops.group_norm import reference as group_norm_ref
 from csrc_free_ops.poly_norm import reference as poly_norm_ref
 from csrc_free_ops.rope import reference as rope_ref
@@ -53,6 +54,8 @@ OPS = {
         ((2, 4, 3), (4,), (4,)),
         (1, 2),
     ),
+    "swiglu": Op(liger.swiglu, lambda g, u: glu_ref.forward(g, u, "silu"), ((2, 16), (2, 16)), (1,)),
+    "geglu": Op(liger.geglu, lambda g, u: glu_ref.forward(g, u, "gelu_tanh"), ((2, 16), (2, 16)), (1,)),
 }
 BATCH = 2  # vmapped samples
 
@@ -138,7 +141,7 @@ def test_forward_ad_dual_tensors(name):
     assert_close_to_ref(got, want, torch.float32, f"forward-AD tangent of {name}")
 
 
-@pytest.mark.parametrize("name", ["poly_norm", "group_norm"])
+@pytest.mark.parametrize("name", ["poly_norm", "group_norm", "swiglu", "geglu"])
 def test_jvp_over_grad(name):
     """Hessian-vector products (forward over reverse) reach the backward op's tangent."""
     op = OPS[name]

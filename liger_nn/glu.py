@@ -1,0 +1,42 @@
+"""Gated MLPs backed by torch.ops.liger.swiglu / geglu: the projections stay
+nn.Linear (cuBLAS matmuls), the elementwise part is one fused op."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from registrations.eager import eager_call
+
+# The ops, called without the dispatcher's crossing in plain eager calls (registrations/eager.py).
+swiglu = eager_call(torch.ops.liger.swiglu)
+geglu = eager_call(torch.ops.liger.geglu)
+
+
+class _GatedMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), transformers' LlamaMLP /
+    GemmaMLP layout and state_dict keys."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, *, device=None,
+                 dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        factory = {"device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
+
+
+class SwiGLUMLP(_GatedMLP):
+    """silu(gate) * up between the projections (Llama, Mistral, Qwen2/3)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class GeGLUMLP(_GatedMLP):
+    """gelu(gate, approximate='tanh') * up between the projections (Gemma)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(geglu(self.gate_proj(x), self.up_proj(x)))
