@@ -11,7 +11,7 @@ slow per-sample loop with a warning):
   otherwise per sample.
 * poly_norm_backward, group_norm_backward: per sample (dweight and dbias are
   sums over each sample's rows, which one call would add across samples).
-* cross_entropy, cross_entropy_backward: per sample (a mean or sum over one
+* cross_entropy, fused_linear_cross_entropy and their backward ops: per sample (a mean or sum over one
   call would reduce across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
 
@@ -25,7 +25,7 @@ Formula, whose ``jvp`` calls the rule registered here:
 * rope, rope_backward are linear in q/k (dq/dk) and in (cos, sin) jointly:
   the tangent is the op itself on the tangents, plus the op on the primals
   with the tables' tangents; the kernels compute both.
-* poly_norm, group_norm, cross_entropy and their backward ops: the jvp of the op's
+* poly_norm, group_norm, the two losses and their backward ops: the jvp of the op's
   pure-PyTorch reference (csrc_free_ops/<op>/reference.py) at the primals,
   in the reference's precision (float32 math, float64 for float64 data).
 """
@@ -38,11 +38,13 @@ import torch
 from torch.autograd import forward_ad
 
 from csrc_free_ops.cross_entropy import launch as cross_entropy_launch
+from csrc_free_ops.fused_linear_cross_entropy import launch as fused_linear_cross_entropy_launch
 from csrc_free_ops.group_norm import reference as group_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
+from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
@@ -166,6 +168,8 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _group_norm_backward_vmap,
     CROSS_ENTROPY: _per_sample(CROSS_ENTROPY),
     CROSS_ENTROPY_BACKWARD: _per_sample(CROSS_ENTROPY_BACKWARD),
+    FUSED_LINEAR_CROSS_ENTROPY: _per_sample(FUSED_LINEAR_CROSS_ENTROPY),
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD),
 }
 
 # ---------------------------------------------------------------------------
@@ -247,6 +251,8 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _by_reference(group_norm_reference.backward),
     CROSS_ENTROPY: _loss_only(_by_reference(cross_entropy_launch.reference_forward)),
     CROSS_ENTROPY_BACKWARD: _by_reference(cross_entropy_launch.reference_backward),
+    FUSED_LINEAR_CROSS_ENTROPY: _loss_only(_by_reference(fused_linear_cross_entropy_launch.reference_forward)),
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _by_reference(fused_linear_cross_entropy_launch.reference_backward),
 }
 
 

@@ -56,6 +56,11 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   divides by the count over all rows).  Backward likewise, grad_loss S(0)
   (none) or R (sum).  Logits sharded over the classes are redistributed
   (gathered): no vocabulary-parallel loss.
+* fused_linear_cross_entropy: x and target S(0), weight, bias and
+  ce_weight R -> as cross_entropy; backward grad_x S(0), grad_weight and
+  grad_bias P.  An LM head sharded over the vocabulary (weight S(0), as
+  tensor parallelism's ColwiseParallel leaves it) is gathered first: right,
+  but without vocabulary-parallel memory savings.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from torch.distributed.tensor.experimental import register_sharding
 from torch.utils import _pytree as pytree
 
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
+from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
@@ -136,6 +142,10 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     GROUP_NORM_BACKWARD: lambda a: [True, a.get("weight"), a.get("bias")],
     CROSS_ENTROPY: lambda a: [True, True, True],
     CROSS_ENTROPY_BACKWARD: lambda a: [True],
+    FUSED_LINEAR_CROSS_ENTROPY: lambda a: [True, True, True],
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [
+        m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])
+    ],
 }
 
 
@@ -286,6 +296,18 @@ def _cross_entropy_backward(a: dict) -> list:
     return [([Shard(0)], {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
 
 
+def _fused_linear_cross_entropy(a: dict) -> list:
+    rows = {"x": Shard(0), "target": Shard(0), "weight": R, "bias": R, "ce_weight": R}
+    return [([loss, loss, Shard(0)], rows) for loss in _loss_rows(a)]
+
+
+def _fused_linear_cross_entropy_backward(a: dict) -> list:
+    rows = {"x": Shard(0), "target": Shard(0), "lse": Shard(0), "weight": R, "bias": R, "ce_weight": R}
+    mask = _OUTPUTS[FUSED_LINEAR_CROSS_ENTROPY_BACKWARD](a)
+    outputs = [Shard(0) if mask[0] else None, P if mask[1] else None, P if mask[2] else None]
+    return [(outputs, {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
+
+
 # ---------------------------------------------------------------------------
 # rope_ (in place): q and k keep their placements.
 
@@ -361,6 +383,10 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _rule(GROUP_NORM_BACKWARD, _group_norm_backward),
     CROSS_ENTROPY: _rule(CROSS_ENTROPY, _cross_entropy),
     CROSS_ENTROPY_BACKWARD: _rule(CROSS_ENTROPY_BACKWARD, _cross_entropy_backward),
+    FUSED_LINEAR_CROSS_ENTROPY: _rule(FUSED_LINEAR_CROSS_ENTROPY, _fused_linear_cross_entropy),
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _rule(
+        FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, _fused_linear_cross_entropy_backward
+    ),
 }
 HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM: _local_num_groups(GROUP_NORM),
