@@ -155,5 +155,23 @@ def num_sms(device: torch.device) -> int:
     return _cuda_sms(index)
 
 
+def free_bytes(t: torch.Tensor) -> int | None:
+    """Memory a new allocation on t's device can take: the driver's free
+    bytes plus what the caching allocator holds unused; None off CUDA and
+    the NPU (no limit the planning should heed).  CSRC_FREE_OPS_FREE_BYTES
+    overrides it (tests)."""
+    value = _env_int("CSRC_FREE_OPS_FREE_BYTES")
+    if value is not None:
+        return value
+    kind = backend_of(t)
+    if kind == "cpu":
+        return None
+    module = torch.cuda if kind == "cuda" else getattr(torch, t.device.type, None)
+    if module is None or not hasattr(module, "mem_get_info"):
+        return None
+    free, _ = module.mem_get_info(t.device)
+    return free + module.memory_reserved(t.device) - module.memory_allocated(t.device)
+
+
 # Ascend limit on the number of programs in one launch.
 NPU_MAX_GRID = 65535

@@ -9,6 +9,7 @@ from registrations import (
     _docs,
     cross_entropy,  # noqa: F401
     functorch,  # noqa: F401
+    fused_linear_cross_entropy,  # noqa: F401
     glu,  # noqa: F401
     group_norm,  # noqa: F401
     poly_norm,  # noqa: F401

@@ -11,8 +11,8 @@ slow per-sample loop with a warning):
   otherwise per sample.
 * poly_norm_backward, group_norm_backward: per sample (dweight and dbias are
   sums over each sample's rows, which one call would add across samples).
-* cross_entropy, cross_entropy_backward: per sample (a mean or sum over one
-  call would reduce across samples).
+* cross_entropy, fused_linear_cross_entropy and their backward ops: per
+  sample (a mean or sum over one call would reduce across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
 * swiglu, geglu and their backward ops (pointwise): one call on every
   tensor with the vmapped dim in front (an unbatched one expanded).
@@ -27,7 +27,7 @@ Formula, whose ``jvp`` calls the rule registered here:
 * rope, rope_backward are linear in q/k (dq/dk) and in (cos, sin) jointly:
   the tangent is the op itself on the tangents, plus the op on the primals
   with the tables' tangents; the kernels compute both.
-* poly_norm, group_norm, cross_entropy, swiglu, geglu and their backward ops: the jvp of the op's
+* poly_norm, group_norm, the two losses, swiglu, geglu and their backward ops: the jvp of the op's
   pure-PyTorch reference (csrc_free_ops/<op>/reference.py) at the primals,
   in the reference's precision (float32 math, float64 for float64 data).
 """
@@ -41,6 +41,7 @@ import torch
 from torch.autograd import forward_ad
 
 from csrc_free_ops.cross_entropy import launch as cross_entropy_launch
+from csrc_free_ops.fused_linear_cross_entropy import launch as fused_linear_cross_entropy_launch
 from csrc_free_ops.glu import reference as glu_reference
 from csrc_free_ops.group_norm import reference as group_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
@@ -48,6 +49,7 @@ from csrc_free_ops.rope import RopeOptions
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
+from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
 from registrations.glu import ACTIVATION, GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -192,6 +194,8 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     SWIGLU_BACKWARD: _pointwise_vmap(SWIGLU_BACKWARD),
     GEGLU: _pointwise_vmap(GEGLU),
     GEGLU_BACKWARD: _pointwise_vmap(GEGLU_BACKWARD),
+    FUSED_LINEAR_CROSS_ENTROPY: _per_sample(FUSED_LINEAR_CROSS_ENTROPY),
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD),
 }
 
 # ---------------------------------------------------------------------------
@@ -277,6 +281,8 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     SWIGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["swiglu"])),
     GEGLU: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["geglu"])),
     GEGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["geglu"])),
+    FUSED_LINEAR_CROSS_ENTROPY: _loss_only(_by_reference(fused_linear_cross_entropy_launch.reference_forward)),
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _by_reference(fused_linear_cross_entropy_launch.reference_backward),
 }
 
 

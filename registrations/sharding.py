@@ -60,6 +60,11 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   parallel: gate_proj and up_proj column-sharded alike give S(-1); sequence
   parallel: S on a leading dim).  Backward: grad_out, gate, up S(d) ->
   dgate, dup S(d).  Gate and up placed differently are redistributed.
+* fused_linear_cross_entropy: x and target S(0), weight, bias and
+  ce_weight R -> as cross_entropy; backward grad_x S(0), grad_weight and
+  grad_bias P.  An LM head sharded over the vocabulary (weight S(0), as
+  tensor parallelism's ColwiseParallel leaves it) is gathered first: right,
+  but without vocabulary-parallel memory savings.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ from torch.distributed.tensor.experimental import register_sharding
 from torch.utils import _pytree as pytree
 
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
+from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
 from registrations.glu import GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -145,6 +151,10 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     SWIGLU_BACKWARD: lambda a: [True, True],
     GEGLU: lambda a: [True],
     GEGLU_BACKWARD: lambda a: [True, True],
+    FUSED_LINEAR_CROSS_ENTROPY: lambda a: [True, True, True],
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [
+        m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])
+    ],
 }
 
 
@@ -308,6 +318,18 @@ def _cross_entropy_backward(a: dict) -> list:
     return [([Shard(0)], {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
 
 
+def _fused_linear_cross_entropy(a: dict) -> list:
+    rows = {"x": Shard(0), "target": Shard(0), "weight": R, "bias": R, "ce_weight": R}
+    return [([loss, loss, Shard(0)], rows) for loss in _loss_rows(a)]
+
+
+def _fused_linear_cross_entropy_backward(a: dict) -> list:
+    rows = {"x": Shard(0), "target": Shard(0), "lse": Shard(0), "weight": R, "bias": R, "ce_weight": R}
+    mask = _OUTPUTS[FUSED_LINEAR_CROSS_ENTROPY_BACKWARD](a)
+    outputs = [Shard(0) if mask[0] else None, P if mask[1] else None, P if mask[2] else None]
+    return [(outputs, {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
+
+
 # ---------------------------------------------------------------------------
 # rope_ (in place): q and k keep their placements.
 
@@ -387,6 +409,10 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     SWIGLU_BACKWARD: _rule(SWIGLU_BACKWARD, _glu_backward),
     GEGLU: _rule(GEGLU, _glu),
     GEGLU_BACKWARD: _rule(GEGLU_BACKWARD, _glu_backward),
+    FUSED_LINEAR_CROSS_ENTROPY: _rule(FUSED_LINEAR_CROSS_ENTROPY, _fused_linear_cross_entropy),
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _rule(
+        FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, _fused_linear_cross_entropy_backward
+    ),
 }
 HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM: _local_num_groups(GROUP_NORM),

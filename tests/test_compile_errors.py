@@ -64,6 +64,18 @@ CASES = {
         {},
         ValueError,
     ),
+    "fused_linear_cross_entropy": (
+        torch.ops.liger.fused_linear_cross_entropy,
+        lambda: (_x(4, 8), _x(9, 7), _ids(4)),
+        {},
+        ValueError,
+    ),
+    "fused_linear_cross_entropy_backward": (
+        torch.ops.liger.fused_linear_cross_entropy_backward,
+        lambda: (_x(1)[0], _x(4, 8), _x(9, 8), _ids(4), _x(4), None, None, -100, 0.0, "sum", 0.0, None, [True, True]),
+        {},
+        ValueError,
+    ),
 }
 
 

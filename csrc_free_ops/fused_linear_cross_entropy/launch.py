@@ -1,0 +1,163 @@
+"""The fused linear cross-entropy launch sequence, one for every backend,
+taking a Plan as data, and the entry of each dispatch key
+(registrations/fused_linear_cross_entropy.py binds them).
+
+Forward, per chunk of rows: logits = x_chunk @ weight.T (+ bias) in x's
+dtype, then cross_entropy's forward kernel stores each row's loss, z-loss
+and lse; the reduction runs once over all rows.  Backward, per chunk: the
+logits again, cross_entropy's backward kernel turns them into their
+gradient in place, then grad_x_chunk = g @ weight (into grad_x's rows),
+grad_weight += g.T @ x_chunk (the first chunk writes it, later ones add:
+chunk order fixed, so the sum is reproducible), grad_bias += sum(g).  Only
+the gradients output_mask asks for are computed.
+
+A weight or bias of another dtype than x is cast to x's once per call (the
+matmuls take one dtype); their gradients come back in their own dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from csrc_free_ops import device
+from csrc_free_ops.cross_entropy import launch as ce
+from csrc_free_ops.cross_entropy.reference import Options
+from csrc_free_ops.fused_linear_cross_entropy import plan, reference
+from csrc_free_ops.fused_linear_cross_entropy.plan import Plan
+
+OP = "liger.fused_linear_cross_entropy"
+
+
+def _compute(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _like_x(t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    return t if t is None or t.dtype == x.dtype else t.to(x.dtype)
+
+
+def _logits(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A chunk's (rows, V) logits, a fresh contiguous buffer the backward may overwrite."""
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def _accumulate(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """acc + a @ b, kept in dtype (the weight's: float32 master weights beside
+    bf16 activations accumulate in float32); the first chunk writes it."""
+    if acc is None:
+        return torch.mm(a, b).to(dtype)
+    if a.dtype == dtype:
+        return acc.addmm_(a, b)
+    return acc.add_(torch.mm(a, b))
+
+
+def forward(
+    x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ce_weight: torch.Tensor | None, o: Options, p: Plan,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    n_rows = x.shape[0]
+    ct = _compute(x)
+    target = target.contiguous()
+    weight_t, bias = _like_x(weight, x).t(), _like_x(bias, x)
+    loss, z_loss, lse = (torch.empty(n_rows, dtype=ct, device=x.device) for _ in range(3))
+    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
+    for start, end in plan.chunks(n_rows, p.chunk_rows):
+        logits = _logits(x[start:end], weight_t, bias)
+        ce.forward_rows(logits, target[start:end], ce_weight, w_sum, o, p.ce,
+                        loss[start:end], z_loss[start:end], lse[start:end])  # fmt: skip
+    out_loss, out_z = ce.reduce_rows(loss, z_loss, target, ce_weight, o, ct)
+    return out_loss, out_z, lse
+
+
+def backward(
+    grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+    bias: torch.Tensor | None, ce_weight: torch.Tensor | None, o: Options, output_mask: tuple[bool, bool, bool],
+    p: Plan,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    n_rows = x.shape[0]
+    ct = _compute(x)
+    target = target.contiguous()
+    need_x, need_weight, need_bias = output_mask[0], output_mask[1], output_mask[2] and bias is not None
+    matmul_weight, matmul_bias = _like_x(weight, x), _like_x(bias, x)
+    ce_scale, z_scale, stride = ce.row_scales(grad_loss, target, ce_weight, o, ct)
+    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
+    grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if need_x else None
+    grad_weight = grad_bias = None
+    for start, end in plan.chunks(n_rows, p.chunk_rows):
+        x_chunk = x[start:end]
+        g = _logits(x_chunk, matmul_weight.t(), matmul_bias)
+        rows = slice(start, end) if stride else slice(None)
+        ce.backward_rows(g, target[start:end], ce_weight, w_sum, lse[start:end], ce_scale[rows], z_scale[rows],
+                         stride, o, p.ce, None)  # fmt: skip
+        if need_x:
+            torch.mm(g, matmul_weight, out=grad_x[start:end])
+        if need_weight:
+            grad_weight = _accumulate(grad_weight, g.t(), x_chunk, weight.dtype)
+        if need_bias:
+            part = g.sum(0, dtype=ct)
+            grad_bias = part if grad_bias is None else grad_bias.add_(part)
+    if need_weight and grad_weight is None:  # no rows
+        grad_weight = torch.zeros_like(weight)
+    if need_bias and grad_bias is None:
+        grad_bias = torch.zeros_like(bias)
+    return (
+        grad_x,
+        None if grad_weight is None else grad_weight.to(weight.dtype),
+        None if grad_bias is None else grad_bias.to(bias.dtype),
+    )
+
+
+# --- The entries of the dispatch keys
+
+
+def _options(ignore_index, label_smoothing, reduction, lse_square_scale, softcap) -> Options:
+    return Options(ignore_index, label_smoothing, reduction, lse_square_scale, softcap)
+
+
+def _cuda_plan(x: torch.Tensor, weight: torch.Tensor) -> Plan:
+    return plan.cuda(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), device.free_bytes(x))
+
+
+def _npu_plan(x: torch.Tensor, weight: torch.Tensor, ce_weight: torch.Tensor | None) -> Plan:
+    return plan.npu(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), device.free_bytes(x),
+                    ce_weight is not None, device.npu_ub_bytes(), device.npu_vector_cores())  # fmt: skip
+
+
+def cuda_forward(x, weight, target, bias, ce_weight, *options):
+    o = _options(*options)
+    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    return forward(x, weight, target, bias, ce_weight, o, _cuda_plan(x, weight))
+
+
+def cuda_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
+    o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
+    return backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask, _cuda_plan(x, weight))
+
+
+# triton-ascend compiles no float64: float64 on the NPU runs the reference there.
+
+
+def npu_forward(x, weight, target, bias, ce_weight, *options):
+    o = _options(*options)
+    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    if x.dtype == torch.float64:
+        return reference.forward(x, weight, target, bias, ce_weight, o)
+    return forward(x, weight, target, bias, ce_weight, o, _npu_plan(x, weight, ce_weight))
+
+
+def npu_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
+    o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
+    if x.dtype == torch.float64:
+        return reference.backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask)
+    return backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask, _npu_plan(x, weight, ce_weight))
+
+
+def reference_forward(x, weight, target, bias, ce_weight, *options):
+    o = _options(*options)
+    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    return reference.forward(x, weight, target, bias, ce_weight, o)
+
+
+def reference_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
+    o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
+    return reference.backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask)

@@ -1,0 +1,238 @@
+"""torch.ops.liger.fused_linear_cross_entropy: loss and gradients of x,
+weight and bias against a float64 reference, over chunk sizes, every option,
+ignore_index-heavy and all-ignored batches; bad targets, determinism, which
+gradients are computed, opcheck, torch.compile and second order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csrc_free_ops.cross_entropy import plan as ce_plan
+from csrc_free_ops.cross_entropy.reference import Options
+from csrc_free_ops.fused_linear_cross_entropy import launch, plan, reference
+from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_ref
+from tests.test_cross_entropy import IGNORE, make_target, options
+
+liger = torch.ops.liger
+
+
+def reference_grads(x, weight, target, bias, ce_weight, o, grad_loss):
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight) + ((bias,) if bias is not None else ())]
+    cw = None if ce_weight is None else ce_weight.double()
+    loss = reference.forward(leaves[0], leaves[1], target, leaves[2] if bias is not None else None, cw, o)[0]
+    return loss.detach(), torch.autograd.grad(loss, leaves, grad_loss.double())
+
+
+def _plan(rows: int, n_classes: int) -> plan.Plan:
+    return plan.Plan(rows, ce_plan.cuda(rows, n_classes))
+
+
+@given(
+    rows=st.integers(1, 20),
+    hidden=st.integers(1, 24),
+    n_classes=st.integers(1, 80),
+    dtype=st.sampled_from(ALL_DTYPES),
+    o=options,
+    has_bias=st.booleans(),
+    has_ce_weight=st.booleans(),
+    ignored=st.sampled_from([0.0, 0.7]),
+    chunk=st.sampled_from([1, 3, 8, 64]),
+)
+def test_loss_and_gradients_match_float64_reference(
+    rows, hidden, n_classes, dtype, o, has_bias, has_ce_weight, ignored, chunk
+):
+    target = make_target(rows, n_classes, ignored, o.ignore_index)
+    if o.reduction == "mean" and not (target != o.ignore_index).any():
+        o = o._replace(reduction="sum")  # the mean over no row is NaN: test_all_ignored_batch
+    x = torch.randn(rows, hidden, device=DEVICE).to(dtype).requires_grad_()
+    weight = (torch.randn(n_classes, hidden, device=DEVICE) / hidden**0.5).to(dtype).requires_grad_()
+    bias = torch.randn(n_classes, device=DEVICE).to(dtype).requires_grad_() if has_bias else None
+    ce_weight = torch.rand(n_classes, device=DEVICE) + 0.5 if has_ce_weight else None
+    loss, z_loss, lse = liger.fused_linear_cross_entropy(x, weight, target, bias, ce_weight, *o)
+    grad_loss = torch.randn_like(loss)
+    leaves = (x, weight) + ((bias,) if has_bias else ())
+    grads = torch.autograd.grad(loss, leaves, grad_loss)
+    ref_loss, ref_grads = reference_grads(x, weight, target, bias, ce_weight, o, grad_loss)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    assert loss.dtype == compute and lse.dtype == compute
+    # The logits are a matmul in x's dtype: the loss carries its rounding.
+    assert_close_to_ref(loss, ref_loss, dtype, "loss")
+    for got, want, leaf, what in zip(grads, ref_grads, leaves, ("grad_x", "grad_weight", "grad_bias"), strict=False):
+        assert got.dtype == leaf.dtype
+        assert_close_to_ref(got, want, dtype, what)
+    # The same through the launch sequence with a drawn chunk size.
+    chunked = launch.forward(x.detach(), weight.detach(), target, None if bias is None else bias.detach(),
+                             ce_weight, o, _plan(chunk, n_classes))  # fmt: skip
+    assert_close_to_ref(chunked[0], ref_loss, dtype, "chunked loss")
+    mask = (True, True, has_bias)
+    chunked_grads = launch.backward(grad_loss, x.detach(), weight.detach(), target, chunked[2],
+                                    None if bias is None else bias.detach(), ce_weight, o, mask,
+                                    _plan(chunk, n_classes))  # fmt: skip
+    for got, want, what in zip(chunked_grads, ref_grads, ("grad_x", "grad_weight", "grad_bias"), strict=False):
+        assert_close_to_ref(got, want, dtype, "chunked " + what)
+
+
+def test_chunk_rows_follow_x_size_and_free_memory():
+    # x's size in logits, at least MIN_CHUNK_ROWS, a multiple of ROW_MULTIPLE: upstream's 512 at B2 S4096 V32000.
+    assert plan.chunk_rows(8192, 2048, 32000, 2, None) == 512
+    assert plan.chunk_rows(8192, 2048, 128256, 2, None) == plan.MIN_CHUNK_ROWS
+    assert plan.chunk_rows(100, 2048, 128256, 2, None) == 100
+    # A quarter of the free memory caps it.
+    assert plan.chunk_rows(8192, 2048, 32000, 2, 4 * 32000 * 2 * 100) == 100
+    assert plan.chunk_rows(8192, 2048, 32000, 2, 0) == 1
+    assert plan.chunks(10, 4) == [(0, 4), (4, 8), (8, 10)]
+
+
+def test_weight_gradient_is_bitwise_deterministic_over_chunks():
+    x = torch.randn(40, 16, device=DEVICE, dtype=torch.bfloat16)
+    weight = torch.randn(30, 16, device=DEVICE, dtype=torch.bfloat16)
+    target = make_target(40, 30, 0.3)
+    o = Options(IGNORE, 0.1, "mean", 1e-3, None)
+    p = _plan(8, 30)
+    _, _, lse = launch.forward(x, weight, target, None, None, o, p)
+    g = torch.tensor(1.0, device=DEVICE)
+    first = launch.backward(g, x, weight, target, lse, None, None, o, (True, True, False), p)
+    second = launch.backward(g, x, weight, target, lse, None, None, o, (True, True, False), p)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    x = torch.randn(6, 8, device=DEVICE, requires_grad=True)
+    weight = torch.randn(11, 8, device=DEVICE)  # a frozen head
+    bias = torch.randn(11, device=DEVICE)
+    target = make_target(6, 11, 0.0)
+    loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
+    (grad_x,) = torch.autograd.grad(loss, x)
+    assert grad_x.shape == x.shape
+    lse = liger.fused_linear_cross_entropy(x.detach(), weight, target, bias)[2]
+    outs = liger.fused_linear_cross_entropy_backward(
+        torch.tensor(1.0, device=DEVICE), x.detach(), weight, target, lse, bias, None, IGNORE, 0.0, "mean", 0.0,
+        None, [True, False, False],
+    )  # fmt: skip
+    assert outs[1] is None and outs[2] is None
+    torch.testing.assert_close(outs[0], grad_x)
+    with torch.no_grad():
+        assert liger.fused_linear_cross_entropy(x, weight, target)[0].grad_fn is None
+
+
+def test_mixed_dtypes_give_each_gradient_its_inputs_dtype():
+    """bf16 activations with float32 master weights (the matmuls run in bf16)."""
+    x = torch.randn(9, 16, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(20, 16, device=DEVICE, requires_grad=True)
+    bias = torch.randn(20, device=DEVICE, requires_grad=True)
+    target = make_target(9, 20, 0.2)
+    loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
+    grads = torch.autograd.grad(loss, (x, weight, bias))
+    assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
+    _, refs = reference_grads(x, weight, target, bias, None, Options(), torch.tensor(1.0))
+    for got, want in zip(grads, refs, strict=True):
+        assert_close_to_ref(got, want, torch.bfloat16)
+
+
+def test_all_ignored_batch():
+    x = torch.randn(5, 8, device=DEVICE, requires_grad=True)
+    weight = torch.randn(7, 8, device=DEVICE, requires_grad=True)
+    target = torch.full((5,), IGNORE, device=DEVICE)
+    loss = liger.fused_linear_cross_entropy(x, weight, target)[0]
+    assert torch.isnan(loss)
+    gx, gw = torch.autograd.grad(loss, (x, weight))
+    assert not gx.any() and not gw.any()
+    assert liger.fused_linear_cross_entropy(x, weight, target, reduction="sum")[0].item() == 0.0
+
+
+@pytest.mark.parametrize("bad", [7, -2])
+def test_bad_targets_raise_a_clear_error(bad):
+    x, weight = torch.randn(3, 4, device=DEVICE), torch.randn(7, 4, device=DEVICE)
+    target = torch.tensor([0, IGNORE, bad], device=DEVICE)
+    with pytest.raises(ValueError, match=rf"fused_linear_cross_entropy: target holds \[{bad}\].*outside \[0, 7\)"):
+        liger.fused_linear_cross_entropy(x, weight, target)
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
+
+
+BAD_CALLS = [
+    ("x must have shape \\(rows, hidden\\)", lambda: (_t(4), _t(3, 4), _t(4, dtype=torch.long))),
+    ("weight must have shape \\(classes, 4\\)", lambda: (_t(2, 4), _t(3, 5), _t(2, dtype=torch.long))),
+    ("target must have shape \\(2,\\)", lambda: (_t(2, 4), _t(3, 4), _t(3, dtype=torch.long))),
+    ("bias must have shape \\(3,\\)", lambda: (_t(2, 4), _t(3, 4), _t(2, dtype=torch.long), _t(4))),
+    ("ce_weight must have shape \\(3,\\)", lambda: (_t(2, 4), _t(3, 4), _t(2, dtype=torch.long), None, _t(2))),
+    ("weight must be float32", lambda: (_t(2, 4), _t(3, 4, dtype=torch.int32), _t(2, dtype=torch.long))),
+]
+
+
+@pytest.mark.parametrize(("message", "make_args"), BAD_CALLS)
+def test_bad_input_raises_clear_error(message, make_args):
+    with pytest.raises((ValueError, TypeError), match=message):
+        liger.fused_linear_cross_entropy(*make_args())
+
+
+def test_gradcheck_and_gradgradcheck_in_float64():
+    x = torch.randn(5, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    weight = torch.randn(4, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    target = torch.tensor([0, IGNORE, 3, 2, 1], device=DEVICE)
+
+    def loss(x, weight, bias):
+        return liger.fused_linear_cross_entropy(x, weight, target, bias, None, IGNORE, 0.1, "sum", 1e-2, 3.0)[0]
+
+    assert torch.autograd.gradcheck(loss, (x, weight, bias))
+    assert torch.autograd.gradgradcheck(loss, (x, weight, bias))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "o"), [(torch.float32, Options()), (torch.bfloat16, Options(IGNORE, 0.1, "none", 1e-3, 10.0))]
+)
+def test_opcheck(dtype, o):
+    x = torch.randn(6, 8, device=DEVICE, dtype=dtype, requires_grad=True)
+    weight = torch.randn(10, 8, device=DEVICE, dtype=dtype, requires_grad=True)
+    bias = torch.randn(10, device=DEVICE, dtype=dtype, requires_grad=True)
+    target = make_target(6, 10, 0.3)
+    ce_weight = torch.rand(10, device=DEVICE)
+    torch.library.opcheck(liger.fused_linear_cross_entropy.default, (x, weight, target, bias, ce_weight, *o),
+                          test_utils=OPCHECK_UTILS)  # fmt: skip
+    lse = liger.fused_linear_cross_entropy(x.detach(), weight.detach(), target, bias.detach(), ce_weight, *o)[2]
+    grad_loss = torch.randn(6 if o.reduction == "none" else (), device=DEVICE)
+    args = (grad_loss, x.detach(), weight.detach(), target, lse, bias.detach(), ce_weight, *o, [True, True, True])
+    torch.library.opcheck(liger.fused_linear_cross_entropy_backward.default, args, test_utils=OPCHECK_UTILS)
+
+
+def test_compile_fullgraph_matches_eager():
+    def model(h, weight, target):
+        return liger.fused_linear_cross_entropy(torch.tanh(h), weight, target, None, None, IGNORE, 0.0, "mean")[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    h = torch.randn(7, 8, device=DEVICE, requires_grad=True)
+    weight = torch.randn(12, 8, device=DEVICE, requires_grad=True)
+    target = make_target(7, 12, 0.3)
+    out = compiled(h, weight, target)
+    torch.testing.assert_close(out, model(h, weight, target))
+    got = torch.autograd.grad(out, (h, weight))
+    want = torch.autograd.grad(model(h, weight, target), (h, weight))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_torch_func_grad_and_jvp_match_the_reference():
+    x = torch.randn(5, 4, dtype=torch.float64, device=DEVICE)
+    weight = torch.randn(6, 4, dtype=torch.float64, device=DEVICE)
+    target = torch.tensor([1, IGNORE, 3, 5, 0], device=DEVICE)
+    o = Options(IGNORE, 0.1, "mean", 1e-2, None)
+
+    def ours(x, weight):
+        return liger.fused_linear_cross_entropy(x, weight, target, None, None, *o)[0]
+
+    def ref(x, weight):
+        return reference.forward(x, weight, target, None, None, o)[0]
+
+    tangents = (torch.randn_like(x), torch.randn_like(weight))
+    torch.testing.assert_close(torch.func.jvp(ours, (x, weight), tangents)[1],
+                               torch.func.jvp(ref, (x, weight), tangents)[1])  # fmt: skip
+    for got, want in zip(torch.func.grad(ours, (0, 1))(x, weight), torch.func.grad(ref, (0, 1))(x, weight),
+                         strict=True):  # fmt: skip
+        torch.testing.assert_close(got, want)
