@@ -46,6 +46,7 @@ from csrc_free_ops.glu import reference as glu_reference
 from csrc_free_ops.group_norm import reference as group_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
 from csrc_free_ops.rope import RopeOptions
+from registrations import rope_inplace  # noqa: F401  (rope_'s Autograd kernel, registered before _not_differentiable looks)
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
