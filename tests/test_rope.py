@@ -336,7 +336,7 @@ def test_offsets_beyond_int32():
     assert_close_to_ref(q[tail], want_q, torch.bfloat16, "q (in place) past int32 offsets")
 
 
-def test_cached_layouts_give_the_scalars_of_their_tensors():
+def test_cached_scalar_args_give_the_scalars_of_their_tensors():
     """rope caches each call's kernel scalars by shapes and strides: layouts that
     differ only in one stride, table rank or head count get their own, and a
     warm cache returns what a fresh computation gives."""
@@ -354,9 +354,9 @@ def test_cached_layouts_give_the_scalars_of_their_tensors():
         for q, k in views:
             for cos in tables:
                 qo, ko = torch.empty_like(q), torch.empty_like(k)
-                got = launch.layout(q, k, qo, ko, cos, cos)
+                got = launch.scalar_args(q, k, qo, ko, cos, cos)
                 scalars = tuple(launch.kernel_args(q, k, qo, ko, cos, cos)[launch.N_TENSORS :])
-                assert got == launch.Layout(scalars, scalar_specialization(scalars))
+                assert got == launch.ScalarArgs(scalars, scalar_specialization(scalars))
 
 
 def test_kernel_args_are_the_kernels_runtime_arguments_in_order():

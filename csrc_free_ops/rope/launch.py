@@ -27,8 +27,8 @@ from csrc_free_ops.launcher import Launcher, placeholder, scalar_specialization,
 from csrc_free_ops.rope import DEFAULT_OPTIONS, RopeOptions, kernels, plan, reference
 from csrc_free_ops.rope.plan import Plan, Problem
 
-# Layouts whose kernel arguments are kept (a bound on the cache's memory).
-MAX_LAYOUTS = 1024
+# Prepared calls and plans kept (a bound on the caches' memory).
+MAX_PREPARED = 1024
 # ``pairs`` -> (input interleaved, output interleaved)
 PAIRS = {"halves": (False, False), "interleaved": (True, True), "interleaved_to_halves": (True, False)}
 
@@ -160,7 +160,7 @@ def kernel_args(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out:
     )  # fmt: skip
 
 
-class Layout(NamedTuple):
+class ScalarArgs(NamedTuple):
     """A call's scalar kernel arguments (KernelArgs after the tensors), with
     the scalars' Triton specialization."""
 
@@ -171,10 +171,10 @@ class Layout(NamedTuple):
         return self.scalars[KernelArgs._fields.index(name) - N_TENSORS]
 
 
-def layout(q, k, q_out, k_out, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> Layout:
-    """The Layout of these arguments (q, k: (B, H, S, D) or None)."""
+def scalar_args(q, k, q_out, k_out, cos, sin, options: RopeOptions = DEFAULT_OPTIONS) -> ScalarArgs:
+    """The ScalarArgs of these arguments (q, k: (B, H, S, D) or None)."""
     scalars = tuple(kernel_args(q, k, q_out, k_out, cos, sin, options)[N_TENSORS:])
-    return Layout(scalars, scalar_specialization(scalars))
+    return ScalarArgs(scalars, scalar_specialization(scalars))
 
 
 # The kernel's POSITIONS and MROPE constexprs as plain ints.
@@ -217,11 +217,11 @@ class Prepared(NamedTuple):
 
 def _prepare(q, k, q_out, k_out, cos, sin, options: RopeOptions, p: Plan, backward: bool, in_place: bool) -> Prepared:
     position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved = options
-    lay = layout(q, k, q_out, k_out, cos, sin, options)
-    n_rows, n_qh, n_kh = lay.arg("n_rows"), lay.arg("n_qh"), lay.arg("n_kh")
+    args = scalar_args(q, k, q_out, k_out, cos, sin, options)
+    n_rows, n_qh, n_kh = args.arg("n_rows"), args.arg("n_qh"), args.arg("n_kh")
     if n_rows == 0 or n_qh + n_kh == 0:
-        return Prepared(None, lay.scalars, lay.scalar_key)
-    rot_dim, head_dim = lay.arg("rot_dim"), lay.arg("head_dim")
+        return Prepared(None, args.scalars, args.scalar_key)
+    rot_dim, head_dim = args.arg("rot_dim"), args.arg("head_dim")
     x_pairs, y_pairs = PAIRS[pairs]
     if backward:  # reads dy in the forward's output layout, writes dx in its input layout
         x_pairs, y_pairs = y_pairs, x_pairs
@@ -232,7 +232,7 @@ def _prepare(q, k, q_out, k_out, cos, sin, options: RopeOptions, p: Plan, backwa
         not in_place and rot_dim < head_dim, backward, x_pairs, y_pairs, x_pairs if backward else y_pairs, positions,
         _MROPE[None if mrope_section is None else bool(mrope_interleaved)], _compute(q, k),
     )  # fmt: skip
-    return Prepared(run, lay.scalars, lay.scalar_key)
+    return Prepared(run, args.scalars, args.scalar_key)
 
 
 # Prepared calls, by what they are made from (training repeats them call after call).
@@ -261,7 +261,7 @@ def rotate(q: Tensor | None, k: Tensor | None, q_out: Tensor | None, k_out: Tens
     )  # fmt: skip
     prepared = _PREPARED.get(key)
     if prepared is None:
-        if len(_PREPARED) >= MAX_LAYOUTS:
+        if len(_PREPARED) >= MAX_PREPARED:
             _PREPARED.clear()
         prepared = _PREPARED[key] = _prepare(q, k, q_out, k_out, cos, sin, options, p, backward, in_place)
     if prepared.run is not None:
@@ -329,7 +329,7 @@ def _partial(q: Tensor | None, k: Tensor | None, cos: Tensor) -> bool:
     return cos.shape[-1] < (q if q is not None else k).shape[-1]
 
 
-# --- Prepared calls (registrations/eager.py): the rotation's layout, kernel and scalars worked out
+# --- Prepared calls (registrations/eager.py): the rotation's plan, kernel and scalars worked out
 # once per argument signature.  A prepared run keeps no tensor.
 
 
@@ -391,7 +391,7 @@ def _cuda_plan(q, k, cos, sin, options: RopeOptions, copy_pass: bool) -> Plan:
            mrope_section is None, heads_adjacent(q) and heads_adjacent(k))  # fmt: skip
     found = _CUDA_PLANS.get(key)
     if found is None:
-        if len(_CUDA_PLANS) >= MAX_LAYOUTS:
+        if len(_CUDA_PLANS) >= MAX_PREPARED:
             _CUDA_PLANS.clear()
         found = _CUDA_PLANS[key] = plan.cuda(problem(q, k, cos, sin, copy_pass, options))
     return found
