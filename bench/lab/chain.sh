@@ -45,6 +45,14 @@ for step in "$@"; do
         --layout contiguous,channels_last --out "$RESULTS/steps_compiled" ;;
     probe_group_norm)
       run_step probe_group_norm python3 -m bench.lab.probe_group_norm ;;
+    probe_nhwc)
+      run_step probe_nhwc python3 -m bench.lab.probe_group_norm_nhwc --out "$RESULTS/probe_nhwc.md" ;;
+    steps_llm)
+      run_step steps_llm python3 -m bench.steps --models llama,qwen2 --modes eager --quick --rounds 5 \
+        --out "$RESULTS/steps_llm" ;;
+    steps_diffusion)
+      run_step steps_diffusion python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 5 \
+        --layout contiguous,channels_last --out "$RESULTS/steps_diffusion" ;;
     ops-*)
       # ops-<op>[+<op>...]-<set>[+<set>...]: the op table of those ops and shape sets, both timers
       local_spec=${step#ops-}
