@@ -16,15 +16,3 @@ def rsqrt(v):
     else:
         r = tl.math.rsqrt(v)
     return r
-
-
-@triton.jit
-def scalar_as(s, dtype: tl.constexpr):
-    """The float scalar argument s as a dtype value, for a kernel to convert
-    its float parameters to its math dtype on entry.  The kernels declare
-    those parameters ``tl.float64`` (Triton types a Python float fp32
-    otherwise), so float64 math gets s whole and float32 math rounds it
-    once here, as Triton's launch did before; nothing computed from s is
-    promoted to float64 (Inductor, launching the kernels from a compiled
-    graph, passes a Python float as fp64 too)."""
-    return tl.full((), s, dtype)

@@ -64,11 +64,13 @@ team's barrier twice.
 
 Math runs in COMPUTE (float32, float64 for float64 x), and so does the
 workspace; every load is converted to it, so weight and bias may have any
-float dtype, and so is eps, a float64 parameter (``kernel_math.scalar_as``),
-on entry.  The one-pass kernels compute in float32 only (plan.py) and take
-eps as Triton types a Python float, fp32: a float32 copy of it converted on
-entry stays live in a register across the loop, which made these kernels,
-held near their register budget, spill.  Stores narrow through ``_narrow``.
+float dtype.  eps is a float64 parameter (``eps: tl.float64``; Triton types
+a Python float fp32 otherwise), added to the statistic in float64 and the
+sum rounded to COMPUTE (``_rsqrt_eps``): float64 math keeps all of eps, and
+float32 kernels hold no converted copy of it in a register (a copy converted
+on entry took up to 18 more registers in the sm_90 looped forward).  The
+one-pass kernels, float32 only (plan.py), take eps as Triton types a Python
+float, fp32, as before.  Stores narrow through ``_narrow``.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from csrc_free_ops.kernel_math import rsqrt, scalar_as
+from csrc_free_ops.kernel_math import rsqrt
 
 # --- shared helpers
 
@@ -203,8 +205,9 @@ def _merge_group(workspace, weight, row, num_groups, cpg, C, HW, chunk, splits, 
 
 @triton.jit
 def _rsqrt_eps(v, eps):
-    """1 / sqrt(v + eps) in v's dtype (eps in COMPUTE, or the one-pass
-    kernels' parameter, which Inductor would pass as fp64)."""
+    """1 / sqrt(v + eps) in v's dtype.  eps is a float64 parameter (the
+    one-pass kernels': fp32, or fp64 from Inductor): the sum is rounded, not
+    eps, so float64 v keeps all of it."""
     return rsqrt((v + eps).to(v.dtype))
 
 
@@ -250,7 +253,6 @@ def fwd_whole_kernel(
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
         row = tl.cast(row, tl.int64)
@@ -273,7 +275,6 @@ def bwd_whole_kernel(
 ):  # fmt: skip
     """dx, and with PARAM_GRADS each (sample, channel)'s sum(dy * xhat) and
     sum(dy) (the plan's segments are whole channels: chunk = HW)."""
-    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     n_segments = tl.cast(N, tl.int64) * C
     size = _group_size(cpg, HW, COMPUTE)
@@ -615,7 +616,6 @@ def fwd_looped_kernel(
     last tile first.  STATS_EVICT / OUTPUT_EVICT: L2 eviction policies of the
     first walk's x loads and of the second walk's loads and stores ("" for
     the default; evict_last / evict_first keep x in L2 for the second walk)."""
-    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     h_steps = tl.cdiv(HW, BLOCK_HW)
     steps = tl.cdiv(cpg, BLOCK_C) * h_steps
@@ -650,7 +650,6 @@ def bwd_looped_kernel(
     tile first, with PARAM_GRADS summing each channel's sum(dy * xhat) and
     sum(dy) on the way, stored when its block's last tile in this order is
     done (segments are whole channels: chunk = HW)."""
-    eps = scalar_as(eps, COMPUTE)
     cpg = C // num_groups
     n_segments = tl.cast(N, tl.int64) * C
     h_steps = tl.cdiv(HW, BLOCK_HW)
@@ -818,7 +817,6 @@ def fwd_finalize_kernel(
 ):  # fmt: skip
     """Each (sample, group)'s mean and rstd, in the two rows of one value per
     row that start at segment row STATS_ROW (the unfused split path)."""
-    eps = scalar_as(eps, COMPUTE)
     cpg, _c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, 1)
     stats = workspace + STATS_ROW * n_segments
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -843,7 +841,6 @@ def bwd_finalize_kernel(
     mean(g * xhat), in the four rows of one value per row from segment row
     STATS_ROW (the unfused path, and the statistics an activation's
     derivative needs)."""
-    eps = scalar_as(eps, COMPUTE)
     cpg, _c_blocks, splits, n_rows, _n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, 1)
     stats = workspace + STATS_ROW * n_segments
     size = _group_size(cpg, HW, COMPUTE)
@@ -871,7 +868,6 @@ def fwd_apply_kernel(
 ):  # fmt: skip
     """y = (x - mean) * rstd * w + b; the group's statistics merged here
     (FUSED) or read from the finalize kernel's rows."""
-    eps = scalar_as(eps, COMPUTE)
     cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     size = _group_size(cpg, HW, COMPUTE)
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -914,7 +910,6 @@ def bwd_dx_kernel(
     merged here (FUSED) or read from the finalize kernel's rows; with
     HAS_W also each segment's dweight term rstd * sum(dy * (x - mean)) (its
     dbias term is the partials' sum(dy))."""
-    eps = scalar_as(eps, COMPUTE)
     cpg, c_blocks, splits, n_rows, n_items, n_segments = _split_dims(N, C, HW, num_groups, chunk, BLOCK_C)
     size = _group_size(cpg, HW, COMPUTE)
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):

@@ -11,8 +11,10 @@ differ only in their Plan (plan.py: tile shape, grid, warps).
 * ``reduce_param_grads_kernel`` sums the backward's per-program partials.
 
 Math runs in COMPUTE (float32, or float64 for float64 x); every load is
-converted to it, so parameters may have any float dtype, and so is eps, a
-float64 parameter (``kernel_math.scalar_as``), on entry.  With
+converted to it, so parameters may have any float dtype.  eps is a float64
+parameter (``eps: tl.float64``; Triton types a Python float fp32
+otherwise), added in float64 and the sum rounded to COMPUTE: float64 math
+keeps all of eps, and float32 kernels hold no converted copy of it.  With
 r_k = rsqrt(mean(x^(2k)) + eps) and a_k = w_k * r_k:
 
     y  = x*(a1 + x*(a2 + x*a3)) + b
@@ -32,7 +34,7 @@ dbias itself (DIRECT_GRADS).
 import triton
 import triton.language as tl
 
-from csrc_free_ops.kernel_math import rsqrt, scalar_as
+from csrc_free_ops.kernel_math import rsqrt
 
 # The backward's partials: one row of these per program, in this order.
 PARTIAL_FIELDS = ("dw_cubic", "dw_square", "dw_linear", "dbias")
@@ -52,7 +54,11 @@ def _load_params(weight, bias, COMPUTE: tl.constexpr):
 @triton.jit
 def _rstds(s2, s4, s6, inv_n, eps):
     """rsqrt(mean(x^2k) + eps) for k = 1, 2, 3 from the sums of x^2, x^4, x^6."""
-    return rsqrt(s2 * inv_n + eps), rsqrt(s4 * inv_n + eps), rsqrt(s6 * inv_n + eps)
+    # eps is float64 (module docstring): each sum is rounded to the sums' dtype, not eps.
+    r1 = rsqrt((s2 * inv_n + eps).to(s2.dtype))
+    r2 = rsqrt((s4 * inv_n + eps).to(s2.dtype))
+    r3 = rsqrt((s6 * inv_n + eps).to(s2.dtype))
+    return r1, r2, r3
 
 
 @triton.jit
@@ -106,7 +112,6 @@ def fwd_tile_kernel(
     there is one program per row block (no loop: no loop overhead in small
     forwards).  The launch sequence derives it
     from the grid, so no plan can leave rows unwritten."""
-    eps = scalar_as(eps, COMPUTE)
     inv_n = _inv_n(n_cols, COMPUTE)
     w3, w2, w1, b = _load_params(weight, bias, COMPUTE)
     if GRID_STRIDE:
@@ -123,7 +128,6 @@ def fwd_blocked_kernel(
     x, weight, bias, y, stride_x_row, stride_x_col, stride_y_row, n_rows, n_cols, eps: tl.float64,
     BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    eps = scalar_as(eps, COMPUTE)
     inv_n = _inv_n(n_cols, COMPUTE)
     w3, w2, w1, b = _load_params(weight, bias, COMPUTE)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -186,7 +190,6 @@ def bwd_tile_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr, COMPUTE: tl.constexpr,
     DIRECT_GRADS: tl.constexpr,
 ):  # fmt: skip
-    eps = scalar_as(eps, COMPUTE)
     cols = tl.arange(0, BLOCK_N)[None, :]
     inv_n = _inv_n(n_cols, COMPUTE)
     w3, w2, w1, _ = _load_params(weight, weight, COMPUTE)
@@ -227,7 +230,6 @@ def bwd_blocked_kernel(
     n_rows, n_cols, eps: tl.float64,
     BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr, DIRECT_GRADS: tl.constexpr,
 ):  # fmt: skip
-    eps = scalar_as(eps, COMPUTE)
     inv_n = _inv_n(n_cols, COMPUTE)
     w3, w2, w1, _ = _load_params(weight, weight, COMPUTE)
     dw1 = tl.cast(0.0, COMPUTE)
