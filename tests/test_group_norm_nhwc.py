@@ -159,3 +159,26 @@ def test_op_takes_the_nhwc_plan_for_channels_last_x(monkeypatch, activation):
         assert y.stride() == grads[0].stride() == x.stride()
         check_against_reference(y, named_grads(*grads), x, groups, weight, bias, dy, 1e-5, activation)
     assert {p.path for key, p in launch._CACHE.items() if key[0] == "cuda"} == {"nhwc"}
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the diffusion shapes need a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(2, 320, 64, 64), (16, 1280, 16, 16), (1, 128, 512, 512), (1, 128, 8, 64, 64)])
+def test_gpu_diffusion_shapes_take_nhwc_eager_and_compiled(shape, dtype):
+    """The planner's nhwc choice at diffusion shapes (and a 5-D video one),
+    eager and under torch.compile (the decomposed launches), against float64."""
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = torch.randn(shape, device=DEVICE).to(dtype).contiguous(memory_format=fmt).requires_grad_()
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    weight.requires_grad_()
+    bias.requires_grad_()
+    dy = torch.randn_like(x)
+    assert launch._cuda_plan(x, 32, True, True, False, SILU).path == "nhwc"
+
+    def fn(x, weight, bias):
+        return torch.ops.liger.group_norm(x, 32, weight, bias, 1e-5, activation=SILU)
+
+    for run in (fn, torch.compile(fn, fullgraph=True, dynamic=False)):
+        y = run(x, weight, bias)
+        grads = torch.autograd.grad(y, [x, weight, bias], dy)
+        check_against_reference(y, named_grads(*grads), x, 32, weight, bias, dy, 1e-5, SILU)
