@@ -53,7 +53,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from bench.shapes import ROPE_VARIANTS
+from bench.shapes import GLU_OPS, ROPE_VARIANTS
 
 MODES = ("forward", "backward", "full")
 
@@ -73,6 +73,14 @@ def poly_norm_bytes(shape: dict[str, Any], mode: str) -> int:
     e = ELEM_SIZE[shape["dtype"]]
     n = int(shape["M"]) * int(shape["H"])
     return {"forward": 2, "backward": 3, "full": 5}[mode] * n * e
+
+
+def glu_bytes(shape: dict[str, Any], mode: str) -> int:
+    """swiglu / geglu: forward reads gate and up and writes y; backward reads dy, gate and up and
+    writes dgate and dup."""
+    _check_mode(mode)
+    n = int(shape["T"]) * int(shape["F"]) * ELEM_SIZE[shape["dtype"]]
+    return {"forward": 3, "backward": 5, "full": 8}[mode] * n
 
 
 def rope_bytes(shape: dict[str, Any], mode: str) -> int:
@@ -144,6 +152,7 @@ def rope_variant_bytes(op: str, shape: dict[str, Any], mode: str) -> int:
 _BYTES = {"poly_norm": poly_norm_bytes, "rope": rope_bytes, "group_norm": group_norm_bytes,
           "group_norm_silu": group_norm_bytes}  # fmt: skip
 _BYTES.update({op: functools.partial(rope_variant_bytes, op) for op in ROPE_VARIANTS})
+_BYTES.update(dict.fromkeys(GLU_OPS, glu_bytes))
 
 
 def min_bytes(op: str, shape: dict[str, Any], mode: str) -> int:

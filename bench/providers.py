@@ -24,6 +24,9 @@ Upstream specifics that shape the inputs (see bench/lab/NOTES.md):
   timings, not values, are taken after the first correctness check.
 * LigerGroupNormFunction takes (x, weight, bias, num_channels, num_groups, eps)
   and needs both weight and bias.
+* LigerSiLUMulFunction / LigerGELUMulFunction (swiglu, geglu) write dgate and
+  dup into the saved gate and up in place: after the first backward the
+  inputs hold gradients (timings only, as for rope).
 """
 
 from __future__ import annotations
@@ -386,6 +389,42 @@ def _build_group_norm_silu(provider: str, shape: dict[str, Any], device: str) ->
     return Built(fn, (x, w, b), (x, w, b))
 
 
+def torch_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaMLP between its projections: act_fn(gate) * up."""
+    return F.silu(gate) * up
+
+
+def torch_geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GemmaMLP's, with gelu_pytorch_tanh."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def glu_inputs(shape: dict[str, Any], device: str):
+    """gate and up (T, F), two projections' outputs, requiring grad."""
+    dt, g = _dtype(shape), _generator(device)
+    return tuple(
+        torch.randn(shape["T"], shape["F"], device=device, generator=g).to(dt).requires_grad_(True) for _ in "gu"
+    )
+
+
+def _build_glu(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:
+    gate, up = glu_inputs(shape, device)
+    reference = torch_swiglu if op == "swiglu" else torch_geglu
+    if provider == "liger":
+        _liger_ops()
+        fn = getattr(torch.ops.liger, op)
+    elif provider == "torch":
+        fn = reference
+    elif provider == "compile":
+        fn = _compiled(reference)
+    elif provider == "liger_kernel":
+        fn_cls = getattr(_upstream(), "LigerSiLUMulFunction" if op == "swiglu" else "LigerGELUMulFunction")
+        fn = fn_cls.apply
+    else:
+        raise ValueError(provider)
+    return Built(fn, (gate, up), (gate, up))
+
+
 def _build_rope_variant(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:
     fn, args, grad_inputs = rope_variants.build(op, provider, shape, device, _compiled, _upstream, ProviderUnavailable)
     return Built(fn, args, grad_inputs)
@@ -398,6 +437,7 @@ _BUILDERS = {
     "group_norm_silu": _build_group_norm_silu,
 }
 _BUILDERS.update({op: functools.partial(_build_rope_variant, op) for op in shapes.ROPE_VARIANTS})
+_BUILDERS.update({op: functools.partial(_build_glu, op) for op in shapes.GLU_OPS})
 
 
 def build(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:

@@ -45,6 +45,11 @@ Sets:
     and 8 packed documents in 16384 tokens (B = 1, 32/8 heads, D = 128,
     tables gathered at positions restarting at each document, as
     transformers does for packed sequences).
+* swiglu, geglu (the elementwise op alone: gate and up (T, F) from two
+  projections, bf16): ``seeds`` upstream's token sweep (benchmark_swiglu.py /
+  benchmark_geglu.py, whose default model is Llama-3-8B: F = 14336), T in
+  1024..16384; ``large`` T = 16384 at Llama-3-8B's F = 14336 and Gemma-7B's
+  F = 24576.  (Upstream times the whole MLP; these rows time the op.)
 * ``tiny``: interpreter-sized shapes for ``--device cpu`` smoke runs.
 * ``tiny_model_layout``: the model_layout set's inputs at interpreter size.
 * ``tiny_diffusion``: the diffusion set's layout (4-D, per-C points) at
@@ -69,7 +74,8 @@ from typing import Any
 
 # rope's keyword options, one op key each (bench/rope_variants.py).
 ROPE_VARIANTS = ("rope_position_ids", "rope_interleaved", "rope_partial", "rope_k_only", "rope_mrope", "rope_packed")
-OPS = ("poly_norm", "rope", "group_norm", "group_norm_silu", *ROPE_VARIANTS)
+GLU_OPS = ("swiglu", "geglu")
+OPS = ("poly_norm", "rope", "group_norm", "group_norm_silu", *GLU_OPS, *ROPE_VARIANTS)
 # What a run measures when --ops is not given; --ops takes a group's name for its ops.
 DEFAULT_OPS = ("poly_norm", "rope", "group_norm")
 OP_GROUPS = {"rope_variants": ROPE_VARIANTS}
@@ -159,6 +165,18 @@ def _poly_norm(set_name: str) -> list[Sweep]:
     if set_name == "large":
         return [Sweep("poly_norm", set_name, "H", "hidden size", (2048, 4096, 8192), {"M": 16384, "dtype": "bfloat16"})]
     return [Sweep("poly_norm", set_name, "H", "hidden size", (64,), {"M": 4, "dtype": "float32"})]
+
+
+def _glu(op: str, set_name: str) -> list[Sweep]:
+    """x = T tokens; F the intermediate size."""
+    if set_name == "seeds":
+        return [Sweep(op, set_name, "T", "total tokens", _pow2(1024, 16384), {"F": 14336, "dtype": "bfloat16"})]
+    if set_name == "large":
+        return [Sweep(op, set_name, "T", "total tokens", (16384,), {"F": f, "dtype": "bfloat16", "variant": v})
+                for f, v in ((14336, "llama3_8b"), (24576, "gemma_7b"))]  # fmt: skip
+    if set_name == "tiny":
+        return [Sweep(op, set_name, "T", "total tokens", (4,), {"F": 40, "dtype": "float32"})]
+    return []
 
 
 def _model_layout(set_name: str) -> list[Sweep]:
@@ -305,6 +323,7 @@ _BUILDERS = {
     "group_norm": _group_norm,
     "group_norm_silu": lambda set_name: _group_norm(set_name, "group_norm_silu"),
 }
+_BUILDERS.update({op: lambda set_name, op=op: _glu(op, set_name) for op in GLU_OPS})
 _BUILDERS.update({op: lambda set_name, op=op: _rope_variant(op, set_name) for op in ROPE_VARIANTS})
 
 

@@ -186,6 +186,32 @@ def _launch_every_path() -> None:
 
     _launch_group_norm_paths()
 
+    _launch_glu_paths()
+
+
+def _launch_glu_paths() -> None:
+    """swiglu and geglu: the CUDA and NPU entries, contiguous (one row) and
+    fused halves (row strides), in the data dtypes, gate and up of one dtype and
+    of two (promotion); the NPU's grid-stride plan with CUDA's compiler."""
+    from csrc_free_ops.glu import launch as glu_launch
+    from csrc_free_ops.glu import plan as glu_plan
+
+    for activation in ("silu", "gelu_tanh"):
+        for gdt, udt in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                         (torch.float32, torch.float32), (torch.float64, torch.float64),
+                         (torch.bfloat16, torch.float32)):  # fmt: skip
+            contiguous = (torch.zeros(8, 64, dtype=gdt), torch.zeros(8, 64, dtype=udt))
+            halves = (torch.zeros(8, 128, dtype=gdt)[:, :64], torch.zeros(8, 128, dtype=udt)[:, 64:])
+            for gate, up in (contiguous, halves):
+                dy = torch.zeros(gate.shape, dtype=torch.promote_types(gdt, udt))
+                glu_launch.cuda_forward(gate, up, activation)
+                glu_launch.cuda_backward(dy, gate, up, activation)
+                glu_launch.npu_forward(gate, up, activation)
+                glu_launch.npu_backward(dy, gate, up, activation)
+            grid_stride = glu_plan.Plan(2, 32, 2)
+            glu_launch.forward(*halves, activation, grid_stride)
+            glu_launch.backward(dy, *halves, activation, grid_stride)
+
 
 def _launch_group_norm_paths() -> None:
     """group_norm: the CUDA and NPU entries, the plan of each path built for a
@@ -314,7 +340,8 @@ def _launch_rope_paths() -> None:
 
 
 # The kernels' parameters that hold an op's inputs: no kernel writes them.
-INPUT_PARAMS = frozenset({"x", "weight", "bias", "grad_out", "q", "k", "cos", "sin", "position_ids", "cu_seqlens"})
+INPUT_PARAMS = frozenset({"x", "weight", "bias", "grad_out", "q", "k", "cos", "sin", "position_ids", "cu_seqlens",
+                          "gate", "up"})  # fmt: skip
 
 
 def record_first_calls(run) -> dict[str, tuple]:

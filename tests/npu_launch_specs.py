@@ -127,6 +127,20 @@ def gn_backward_args(shape, dt, pt):
     return torch.empty_like(x), x, *rest
 
 
+def glu_forward_args(shape, dt, pt):
+    """shape: (rows, cols, activation[, "halves"]): gate in the data dtype, up in the parameter dtype (the
+    promotion case where they differ); "halves" gives both as the halves of one fused projection (row stride 2H)."""
+    rows, cols, activation, *layout = shape
+    if layout == ["halves"]:
+        return _t((rows, 2 * cols), dt)[:, :cols], _t((rows, 2 * cols), pt)[:, cols:], activation
+    return _t((rows, cols), dt), _t((rows, cols), pt), activation
+
+
+def glu_backward_args(shape, dt, pt):
+    gate, up, activation = glu_forward_args(shape, dt, pt)
+    return _t(gate.shape, torch.promote_types(dt, pt)), gate, up, activation
+
+
 @dataclass(frozen=True)
 class Entry:
     op: str
@@ -191,6 +205,19 @@ ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs[, tables])
 )
 
 
+GLU_SHAPES = tuple(
+    (*shape[:2], activation, *shape[2:])
+    for activation in ("silu", "gelu_tanh")
+    for shape in (
+        (37, 48),  # contiguous: one row of every element, a few tiles
+        (64, 11008),  # contiguous, many tiles per vector core
+        (300, 1000, "halves"),  # fused halves: tiles of whole rows, non-power-of-two width
+        (7, 20000, "halves"),  # rows wider than a tile: column tiles
+        (5000, 3, "halves"),  # narrow rows: tall tiles
+    )
+)
+
+
 def entries() -> list[Entry]:
     """Every NPU entry the check drives: adding a launcher or kernel variant
     is one line here (a new argument builder only when its inputs differ)."""
@@ -207,6 +234,8 @@ def entries() -> list[Entry]:
               ROPE_OPTION_DTYPES),
         Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_option_args, ROPE_OPTION_SHAPES,
               ROPE_OPTION_DTYPES),
+        Entry("glu", "csrc_free_ops.glu.launch:npu_forward", glu_forward_args, GLU_SHAPES, WITH_FP64),
+        Entry("glu", "csrc_free_ops.glu.launch:npu_backward", glu_backward_args, GLU_SHAPES, WITH_FP64),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SHAPES, WITH_FP64),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args, GN_SHAPES, WITH_FP64),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_SILU_SHAPES),

@@ -113,7 +113,12 @@ def spy_on(module: ModuleType, name: str, calls: list[str], passthrough: bool = 
 
 # The op test modules whose dispatch_scenario() runs on the backend.  They share one interpreter: a fresh
 # one costs ~14 s of imports and interpreter warm-up on 2 cores, which three separate ones paid thrice.
-SCENARIO_MODULES = ("tests.test_poly_norm_npu", "tests.test_rope_npu", "tests.test_group_norm_npu")
+SCENARIO_MODULES = (
+    "tests.test_poly_norm_npu",
+    "tests.test_rope_npu",
+    "tests.test_group_norm_npu",
+    "tests.test_glu_npu",
+)
 
 _RUN_ALL = """
 import contextlib, importlib, io, json, traceback

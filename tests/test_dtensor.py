@@ -31,6 +31,8 @@ KERNEL_CASES = (
     "rope_/sequence",
     "group_norm/batch_3d",
     "group_norm/channels_whole_groups",
+    "swiglu/tensor_parallel",
+    "geglu/sequence",
 )
 GROUPS = {
     # name: (world size, Triton interpreter, case names)
@@ -67,7 +69,7 @@ def test_case(group, name, tmp_path_factory):
 
 def test_kernel_cases_cover_every_op():
     ops = {name.split("/")[0] for name in KERNEL_CASES}
-    assert ops == {"poly_norm", "rope", "rope_", "group_norm"}
+    assert ops == {"poly_norm", "rope", "rope_", "group_norm", "swiglu", "geglu"}
 
 
 def test_a_rank_stops_at_its_first_failing_case():

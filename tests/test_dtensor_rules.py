@@ -174,6 +174,27 @@ def test_group_norm_on_a_2d_mesh(mesh):
 
 
 # ---------------------------------------------------------------------------
+# swiglu, geglu: pointwise
+
+
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_glu_matching_shards_need_no_communication(mesh, name, dim):
+    """Tensor parallel (gate/up column-sharded: the last dim) and sequence parallel pass through."""
+    gate, up = _dt(mesh, (4, 8, 32), [Shard(dim)]), _dt(mesh, (4, 8, 32), [Shard(dim)])
+    y, n = _comms(lambda: getattr(liger, name)(gate, up))
+    assert (y.placements, n) == ((Shard(dim),), 0)
+    assert _backward(mesh, y) == 0
+    assert gate.grad.placements == up.grad.placements == (Shard(dim),)
+
+
+def test_glu_mismatched_shards_are_redistributed(mesh):
+    gate, up = _dt(mesh, (4, 8, 32), [Shard(2)]), _dt(mesh, (4, 8, 32), [Shard(1)])
+    _, n = _comms(lambda: liger.swiglu(gate, up))
+    assert n > 0
+
+
+# ---------------------------------------------------------------------------
 # The rules themselves
 
 

@@ -24,6 +24,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from csrc_free_ops.glu import reference as glu_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
 from csrc_free_ops.rope import RopeOptions
 from csrc_free_ops.rope import reference as rope_reference
@@ -149,6 +150,48 @@ def _check_poly_norm_grads(grads, refs, x, weight, dy, eps) -> None:
         return
     assert grads[0].shape == x.shape
     assert not grads[1].any() and not grads[2].any(), "dweight/dbias of no rows must be 0"
+
+
+# --- swiglu, geglu and their backward ops
+
+
+@_fuzz(ci_examples=12)
+@given(data=st.data(), seed=seeds)
+def test_glu(data, seed):
+    """Elementwise: every output within its dtype's bound of the float64 reference (no sums to bound)."""
+    draw = data.draw
+    name, activation = draw(st.sampled_from([("swiglu", "silu"), ("geglu", "gelu_tanh")]))
+    shape = tuple(_with_a_zero(draw, [*draw(st.lists(st.integers(1, 3), max_size=3)), draw(st.integers(1, 40))]))
+    gate_dtype, up_dtype, dy_dtype = draw(dtypes), draw(dtypes), draw(dtypes)
+    rand = _random(seed)
+    if draw(st.booleans()) and shape:  # the halves of one fused projection
+        proj = _make(rand, (*shape[:-1], 2 * shape[-1]), gate_dtype, draw(st.sampled_from(LAYOUTS)))
+        gate, up = proj.chunk(2, -1)
+        up = up.to(up_dtype)
+    else:
+        gate = _make(rand, shape, gate_dtype, draw(st.sampled_from(LAYOUTS)))
+        up = _make(rand, shape, up_dtype, draw(st.sampled_from(LAYOUTS)))
+    gate, up = gate.detach().requires_grad_(), up.detach().requires_grad_()
+    out_dtype = torch.promote_types(gate.dtype, up.dtype)
+    dy = _make(rand, shape, out_dtype, draw(st.sampled_from(LAYOUTS)))
+    op = getattr(torch.ops.liger, name)
+
+    y = op(gate, up)
+    g64, u64 = gate.detach().double(), up.detach().double()
+    assert y.dtype == out_dtype and y.is_contiguous()
+    _close(y, glu_reference.forward(g64, u64, activation), out_dtype, "y")
+    dgate, dup = torch.autograd.grad(y, (gate, up), dy)
+    assert (dgate.dtype, dup.dtype) == (gate.dtype, up.dtype)
+    refs = glu_reference.backward(dy.double(), g64, u64, activation)
+    _close(dgate, refs[0], gate.dtype, "dgate")
+    _close(dup, refs[1], up.dtype, "dup")
+
+    # The backward op, with an incoming gradient of any dtype (values rounded to it first).
+    dy2 = _make(rand, shape, dy_dtype, draw(st.sampled_from(LAYOUTS)))
+    direct = getattr(torch.ops.liger, name + "_backward")(dy2, gate.detach(), up.detach())
+    refs = glu_reference.backward(dy2.double(), g64, u64, activation)
+    _close(direct[0], refs[0], gate.dtype, "dgate (backward op)")
+    _close(direct[1], refs[1], up.dtype, "dup (backward op)")
 
 
 # --- group_norm, group_norm_backward

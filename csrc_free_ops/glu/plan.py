@@ -22,6 +22,9 @@ temporaries the kernel keeps live at once:
   forward:  gate, up, y      + 5 temporaries (g, u, the sigmoid, act, y)
   backward: dy, gate, up, dgate, dup + 8 temporaries (dy, g, u, s, act, act', dgate, dup)
 Tile elements = budget // bytes-per-element, rounded down to a power of two.
+A row narrower than NPU_MIN_BLOCK_N is budgeted as that wide: bishengir pads
+each row of a 2-D tile to 32 bytes (rows of 3 elements, padded to 4, in
+tiles of 1024 rows overflowed the UB by 17% in the Ascend compile check).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ CUDA_WARPS = 4
 # --- NPU policy
 NPU_FWD_TEMPS = 5
 NPU_BWD_TEMPS = 8
+# 32 bytes of the narrowest dtype (16-bit).
+NPU_MIN_BLOCK_N = 16
 
 
 @dataclass(frozen=True)
@@ -58,10 +63,11 @@ class Plan:
         return self.programs < self.tiles(n_rows, n_cols)
 
 
-def tile_shape(n_rows: int, n_cols: int, block: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of a tile of ``block`` elements (a power of two) over (n_rows, n_cols)."""
+def tile_shape(n_rows: int, n_cols: int, block: int, min_block_n: int = 1) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of a tile of ``block`` elements (a power of two) over (n_rows, n_cols),
+    rows counted as at least ``min_block_n`` wide."""
     block_n = min(next_pow2(n_cols), block)
-    return max(1, min(block // block_n, next_pow2(n_rows))), block_n
+    return max(1, min(block // max(block_n, min_block_n), next_pow2(n_rows))), block_n
 
 
 @functools.lru_cache(maxsize=1024)
@@ -82,6 +88,6 @@ def npu_tile_elements(backward: bool, data_bytes: int, compute_itemsize: int, ub
 def npu(n_rows: int, n_cols: int, data_bytes: int, compute_itemsize: int, backward: bool, ub_bytes: int,
         vector_cores: int) -> Plan:  # fmt: skip
     tile = npu_tile_elements(backward, data_bytes, compute_itemsize, ub_bytes)
-    block_m, block_n = tile_shape(n_rows, n_cols, tile)
+    block_m, block_n = tile_shape(n_rows, n_cols, tile, NPU_MIN_BLOCK_N)
     p = Plan(block_m, block_n, 1)
     return Plan(block_m, block_n, max(1, min(vector_cores, NPU_MAX_GRID, p.tiles(n_rows, n_cols))))

@@ -194,6 +194,34 @@ def group_norm(ctx: Context, shape, num_groups: int, placements, affine: bool = 
 # ---------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------
+# swiglu, geglu: pointwise over gate and up (B, S, F)
+
+
+def glu(ctx: Context, name: str, gate_at, up_at=None, keeps: bool = True):
+    """gate and up placed by gate_at / up_at (default: gate's); keeps: y and the gradients keep gate's placements."""
+    ws = ctx.world_size
+    shape = (2 * ws, 2 * ws, 4 * ws)
+    gate, up, g = _inputs(ctx, 6, shape, shape, shape)
+    gs, us = _leaf(gate), _leaf(up)
+    op = getattr(liger, name)
+    y = op(gs, us)
+    y.backward(g)
+
+    mesh = ctx.mesh()
+    dgate, dup = _dtensor(gate, mesh, gate_at), _dtensor(up, mesh, up_at or gate_at)
+    dy = op(dgate, dup)
+    if keeps:
+        _assert_placements(dy, gate_at, "y")
+    dy.backward(distribute_tensor(g, mesh, list(dy.placements)))
+    assert_close(dy, y, "y")
+    assert_close(dgate.grad, gs.grad, "dgate")
+    assert_close(dup.grad, us.grad, "dup")
+    if keeps:
+        _assert_placements(dgate.grad, gate_at, "dgate")
+        _assert_placements(dup.grad, gate_at, "dup")
+
+
 def cases(world_size: int) -> list[tuple[str, Case]]:
     ws = world_size
     S = Shard
@@ -244,6 +272,12 @@ def cases(world_size: int) -> list[tuple[str, Case]]:
             "group_norm/spatial_redistributed",
             p(group_norm, shape=(2, 4, 4 * ws), num_groups=2, placements=(S(2),), keeps=False),
         ),  # fmt: skip
+    ]
+    found += [
+        ("swiglu/tensor_parallel", p(glu, name="swiglu", gate_at=(S(2),))),  # gate/up projections column-sharded
+        ("geglu/sequence", p(glu, name="geglu", gate_at=(S(1),))),  # sequence parallel
+        ("swiglu/batch", p(glu, name="swiglu", gate_at=(S(0),))),
+        ("geglu/mismatch_redistributed", p(glu, name="geglu", gate_at=(S(2),), up_at=(S(1),), keeps=False)),
     ]
     if ws == 4:  # a 2-D (2, 2) mesh: the one-dim rules expanded
         found += [
