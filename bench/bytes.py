@@ -44,6 +44,17 @@ group_norm, x (N, C, L) (L = product of the spatial dims), weight / bias (C,):
               read weight, write dweight, dbias    + 3*C*p
     full      forward + backward                   5*N*C*L*e + 5*C*p
 
+cross_entropy, logits (BT, V), int64 targets:
+    forward   read logits, targets                 BT*V*e + 8*BT
+    backward  read logits, write their gradient    2*BT*V*e + 8*BT
+    full      forward + backward                   3*BT*V*e + 16*BT
+
+fused_linear_cross_entropy, x (BT, H), the head (V, H) (matmul-bound: these
+bytes are what the logits never cost, not a bandwidth target):
+    forward   read x, the head                     (BT + V)*H*e + 8*BT
+    backward  read x, the head, write their grads  2*(BT + V)*H*e + 8*BT
+    full      forward + backward                   3*(BT + V)*H*e + 16*BT
+
 The H200's copy ceiling (read + write, large contiguous copy) is about
 4.25 TB/s; the HBM3e peak is 4.8 TB/s.
 """
@@ -149,8 +160,23 @@ def rope_variant_bytes(op: str, shape: dict[str, Any], mode: str) -> int:
     return one * (2 if mode == "full" else 1)
 
 
+def cross_entropy_bytes(shape: dict[str, Any], mode: str) -> int:
+    _check_mode(mode)
+    rows, e = int(shape["BT"]), ELEM_SIZE[shape["dtype"]]
+    logits = rows * int(shape["V"]) * e
+    return {"forward": logits + 8 * rows, "backward": 2 * logits + 8 * rows, "full": 3 * logits + 16 * rows}[mode]
+
+
+def fused_linear_cross_entropy_bytes(shape: dict[str, Any], mode: str) -> int:
+    _check_mode(mode)
+    rows, e = int(shape["BT"]), ELEM_SIZE[shape["dtype"]]
+    inputs = (rows + int(shape["V"])) * int(shape["H"]) * e
+    return {"forward": inputs + 8 * rows, "backward": 2 * inputs + 8 * rows, "full": 3 * inputs + 16 * rows}[mode]
+
+
 _BYTES = {"poly_norm": poly_norm_bytes, "rope": rope_bytes, "group_norm": group_norm_bytes,
-          "group_norm_silu": group_norm_bytes}  # fmt: skip
+          "group_norm_silu": group_norm_bytes, "cross_entropy": cross_entropy_bytes,
+          "fused_linear_cross_entropy": fused_linear_cross_entropy_bytes}  # fmt: skip
 _BYTES.update({op: functools.partial(rope_variant_bytes, op) for op in ROPE_VARIANTS})
 _BYTES.update(dict.fromkeys(GLU_OPS, glu_bytes))
 

@@ -425,12 +425,70 @@ def _build_glu(op: str, provider: str, shape: dict[str, Any], device: str) -> Bu
     return Built(fn, (gate, up), (gate, up))
 
 
+def lm_targets(device: str, n_classes: int, rows: int) -> torch.Tensor:
+    """Targets as a language model's labels are: every row counted."""
+    return torch.randint(0, n_classes, (rows,), device=device, generator=_generator(device, 1))
+
+
+def torch_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, target)
+
+
+def torch_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(F.linear(x, weight), target)
+
+
+def _build_cross_entropy(provider: str, shape: dict[str, Any], device: str) -> Built:
+    rows, n_classes = shape["BT"], shape["V"]
+    logits = torch.randn(rows, n_classes, device=device, dtype=_dtype(shape), generator=_generator(device))
+    logits.requires_grad_()
+    target = lm_targets(device, n_classes, rows)
+    if provider == "liger":
+        _liger_ops()
+        fn = lambda x, t: torch.ops.liger.cross_entropy(x, t)[0]
+    elif provider == "torch":
+        fn = torch_cross_entropy
+    elif provider == "compile":
+        fn = _compiled(torch_cross_entropy)
+    elif provider == "liger_kernel":
+        fn_cls = _upstream().LigerCrossEntropyFunction
+        # Upstream writes the gradient over its input in the forward; each call gets a fresh copy to overwrite.
+        fn = lambda x, t: fn_cls.apply(x * 1, t, None, -100, 0.0, 0.0, "mean", None, False)[0]
+    else:
+        raise ValueError(provider)
+    return Built(fn, (logits, target), (logits,))
+
+
+def _build_fused_linear_cross_entropy(provider: str, shape: dict[str, Any], device: str) -> Built:
+    rows, hidden, n_classes = shape["BT"], shape["H"], shape["V"]
+    g = _generator(device)
+    x = torch.randn(rows, hidden, device=device, dtype=_dtype(shape), generator=g).requires_grad_()
+    weight = torch.randn(n_classes, hidden, device=device, dtype=_dtype(shape), generator=g) / hidden**0.5
+    weight.requires_grad_()
+    target = lm_targets(device, n_classes, rows)
+    if provider == "liger":
+        _liger_ops()
+        fn = lambda x, w, t: torch.ops.liger.fused_linear_cross_entropy(x, w, t)[0]
+    elif provider == "torch":
+        fn = torch_linear_cross_entropy
+    elif provider == "compile":
+        fn = _compiled(torch_linear_cross_entropy)
+    elif provider == "liger_kernel":
+        fn_cls = _upstream().LigerFusedLinearCrossEntropyFunction
+        fn = lambda x, w, t: fn_cls.apply(x, w, t, None, None, -100, 0.0, 0.0, "mean", None, False)[0]
+    else:
+        raise ValueError(provider)
+    return Built(fn, (x, weight, target), (x, weight))
+
+
 def _build_rope_variant(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:
     fn, args, grad_inputs = rope_variants.build(op, provider, shape, device, _compiled, _upstream, ProviderUnavailable)
     return Built(fn, args, grad_inputs)
 
 
 _BUILDERS = {
+    "cross_entropy": _build_cross_entropy,
+    "fused_linear_cross_entropy": _build_fused_linear_cross_entropy,
     "poly_norm": _build_poly_norm,
     "rope": _build_rope,
     "group_norm": _build_group_norm,

@@ -50,6 +50,14 @@ Sets:
   benchmark_geglu.py, whose default model is Llama-3-8B: F = 14336), T in
   1024..16384; ``large`` T = 16384 at Llama-3-8B's F = 14336 and Gemma-7B's
   F = 24576.  (Upstream times the whole MLP; these rows time the op.)
+* the losses, ``seeds``:
+    cross_entropy               upstream's sweep over the vocabulary: BT=4096 rows (Llama 3 8B's
+                                B*T), V in 4096..131072, bf16, mean over every row
+    fused_linear_cross_entropy  upstream's sweep over the tokens at Llama 3 8B's head: H=4096,
+                                V=128256, BT in 4096..32768, bf16 (loss only: the logits never leave)
+* ``large`` for the losses: cross_entropy BT=16384 at V 32000, 128256, 151936 (Llama 2, Llama 3,
+  Qwen2), bf16; fused_linear_cross_entropy the step benchmark's Llama heads (H=2048, V 32000 and
+  128256) at BT 8192 and 4096.
 * ``tiny``: interpreter-sized shapes for ``--device cpu`` smoke runs.
 * ``tiny_model_layout``: the model_layout set's inputs at interpreter size.
 * ``tiny_diffusion``: the diffusion set's layout (4-D, per-C points) at
@@ -75,9 +83,10 @@ from typing import Any
 # rope's keyword options, one op key each (bench/rope_variants.py).
 ROPE_VARIANTS = ("rope_position_ids", "rope_interleaved", "rope_partial", "rope_k_only", "rope_mrope", "rope_packed")
 GLU_OPS = ("swiglu", "geglu")
-OPS = ("poly_norm", "rope", "group_norm", "group_norm_silu", *GLU_OPS, *ROPE_VARIANTS)
+LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
+OPS = ("poly_norm", "rope", "group_norm", "group_norm_silu", *GLU_OPS, *ROPE_VARIANTS, *LOSSES)
 # What a run measures when --ops is not given; --ops takes a group's name for its ops.
-DEFAULT_OPS = ("poly_norm", "rope", "group_norm")
+DEFAULT_OPS = ("poly_norm", "rope", "group_norm", *LOSSES)
 OP_GROUPS = {"rope_variants": ROPE_VARIANTS}
 SETS = (
     "seeds",
@@ -317,7 +326,39 @@ def _rope_variant(op: str, set_name: str) -> list[Sweep]:
     raise ValueError(op)
 
 
+_NO_LOSS_SETS = ("diffusion", "diffusion_cl", "tiny_diffusion", "variants", "model_layout", "tiny_model_layout")
+
+
+def _cross_entropy(set_name: str) -> list[Sweep]:
+    if set_name in _NO_LOSS_SETS:
+        return []
+    if set_name == "seeds":
+        return [
+            Sweep("cross_entropy", set_name, "V", "vocabulary", _pow2(4096, 131072), {"BT": 4096, "dtype": "bfloat16"})
+        ]
+    if set_name == "large":
+        return [Sweep("cross_entropy", set_name, "V", "vocabulary", (32000, 128256, 151936),
+                      {"BT": 16384, "dtype": "bfloat16"})]  # fmt: skip
+    return [Sweep("cross_entropy", set_name, "V", "vocabulary", (37,), {"BT": 6, "dtype": "float32"})]
+
+
+def _fused_linear_cross_entropy(set_name: str) -> list[Sweep]:
+    op = "fused_linear_cross_entropy"
+    if set_name in _NO_LOSS_SETS:
+        return []
+    if set_name == "seeds":
+        return [Sweep(op, set_name, "BT", "tokens", _pow2(4096, 32768), {"H": 4096, "V": 128256, "dtype": "bfloat16"})]
+    if set_name == "large":
+        return [
+            Sweep(op, set_name, "BT", "tokens", (4096, 8192), {"H": 2048, "V": v, "dtype": "bfloat16", "variant": name})
+            for name, v in (("llama2_vocab", 32000), ("llama3_vocab", 128256))
+        ]
+    return [Sweep(op, set_name, "BT", "tokens", (6,), {"H": 8, "V": 37, "dtype": "float32"})]
+
+
 _BUILDERS = {
+    "cross_entropy": _cross_entropy,
+    "fused_linear_cross_entropy": _fused_linear_cross_entropy,
     "poly_norm": _poly_norm,
     "rope": _rope,
     "group_norm": _group_norm,

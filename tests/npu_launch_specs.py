@@ -141,6 +141,46 @@ def glu_backward_args(shape, dt, pt):
     return _t(gate.shape, torch.promote_types(dt, pt)), gate, up, activation
 
 
+def _targets(rows: int) -> torch.Tensor:
+    # Zeros, not empty: the entries check the targets' values before launching.
+    return torch.zeros(rows, dtype=torch.int64)
+
+
+def _ce_options(flags) -> tuple:
+    """(ignore_index, label_smoothing, reduction, lse_square_scale, softcap) from a shape's flags."""
+    smoothing = 0.1 if "smooth" in flags else 0.0
+    return -100, smoothing, "none" if "none" in flags else "mean", 1e-4, 30.0 if "softcap" in flags else None
+
+
+def ce_forward_args(shape, dt, pt):
+    """shape: (rows, V, *flags): "w" class weights (in the parameter dtype), "smooth", "softcap", "none"."""
+    rows, n_classes, *flags = shape
+    weight = _t(n_classes, pt) if "w" in flags else None
+    return _t((rows, n_classes), dt), _targets(rows), weight, *_ce_options(flags)
+
+
+def ce_backward_args(shape, dt, pt):
+    logits, target, weight, *options = ce_forward_args(shape, dt, pt)
+    grad_loss = _t(logits.shape[0] if options[2] == "none" else (), dt)
+    lse = _t(logits.shape[0], torch.float64 if dt == torch.float64 else torch.float32)
+    return grad_loss, logits, target, lse, weight, *options
+
+
+def flce_forward_args(shape, dt, pt):
+    """shape: (rows, H, V, *flags): ce_forward_args' flags, "bias"; the head in the parameter dtype."""
+    rows, hidden, n_classes, *flags = shape
+    bias = _t(n_classes, pt) if "bias" in flags else None
+    ce_weight = _t(n_classes, torch.float32) if "w" in flags else None
+    return _t((rows, hidden), dt), _t((n_classes, hidden), pt), _targets(rows), bias, ce_weight, *_ce_options(flags)
+
+
+def flce_backward_args(shape, dt, pt):
+    x, weight, target, bias, ce_weight, *options = flce_forward_args(shape, dt, pt)
+    grad_loss = _t(x.shape[0] if options[2] == "none" else (), torch.float32)
+    lse = _t(x.shape[0], torch.float64 if dt == torch.float64 else torch.float32)
+    return grad_loss, x, weight, target, lse, bias, ce_weight, *options, [True, True, bias is not None]
+
+
 @dataclass(frozen=True)
 class Entry:
     op: str
@@ -204,6 +244,18 @@ ROPE_OPTION_SHAPES = (  # (B, Hq, Hk, S, D, R, positions, pairs[, tables])
     (2, 64, 8, 4, 256, 256, "mrope_interleaved", "halves"),  # Qwen3-VL, head block bounded by the UB
 )
 
+CE_SHAPES = (  # (rows, V, *flags)
+    (37, 48),  # a row in one block
+    (300, 32000, "smooth"),  # Llama 2's vocabulary: column blocks bounded by the UB
+    (5, 128256, "w", "smooth", "softcap"),  # Llama 3's, class weights, every option
+    (70, 151936, "none"),  # Qwen's, per-row loss
+)
+FLCE_SHAPES = (  # (rows, H, V, *flags); a narrow H keeps the recorder's CPU matmuls cheap
+    (64, 16, 1000),
+    (600, 16, 32000, "bias", "smooth"),  # several chunks, the last one shorter
+    (8, 16, 128256, "w", "softcap", "none"),
+)
+
 
 GLU_SHAPES = tuple(
     (*shape[:2], activation, *shape[2:])
@@ -243,6 +295,14 @@ def entries() -> list[Entry]:
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_forward", gn_forward_args, GN_CHANNELS_LAST_SHAPES),
         Entry("group_norm", "csrc_free_ops.group_norm.launch:npu_backward", gn_backward_args,
               GN_CHANNELS_LAST_SHAPES),
+        Entry("cross_entropy", "csrc_free_ops.cross_entropy.launch:npu_forward", ce_forward_args, CE_SHAPES,
+              WITH_FP64),
+        Entry("cross_entropy", "csrc_free_ops.cross_entropy.launch:npu_backward", ce_backward_args, CE_SHAPES,
+              WITH_FP64),
+        Entry("fused_linear_cross_entropy", "csrc_free_ops.fused_linear_cross_entropy.launch:npu_forward",
+              flce_forward_args, FLCE_SHAPES, WITH_FP64),
+        Entry("fused_linear_cross_entropy", "csrc_free_ops.fused_linear_cross_entropy.launch:npu_backward",
+              flce_backward_args, FLCE_SHAPES, WITH_FP64),
     ]
     # fmt: on
 

@@ -10,9 +10,13 @@ one long reduction: upstream Liger-Kernel's shape, 32768-element blocks and
 NPU (triton-ascend): one program per vector core (1-D grid, at most
 NPU_MAX_GRID) walking rows with a grid stride, column blocks bounded by the
 unified buffer (UB): a block element costs its input in the logits' dtype
-plus NPU_TEMPS compute-dtype temporaries live at once (the loaded block,
-its softcapped value, its exponential, a product), the class weights' block
-when given; the largest power of two that fits, at most NPU_MAX_BLOCK_N.
+plus NPU_TEMPS compute-dtype temporaries, the class weights' block when
+given; the largest power of two that fits, at most NPU_MAX_BLOCK_N.
+bishengir's UB plans (the Ascend compile check at 8192 columns) took up to
+30 bytes an element forward and 46 backward (fp16 in place, with softcap
+and class weights: the loaded block, its float32 value, the softcapped
+value, tanh's exponential and quotient, p, the gradient and its masks,
+several buffered twice), so NPU_TEMPS covers the backward's worst case.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ SMALL_ROW_WARPS = 4
 SMALL_ROW_MAX = 2048
 
 # --- NPU policy
-NPU_TEMPS = 4
+NPU_TEMPS = 10
 NPU_MAX_BLOCK_N = 8192
 
 
