@@ -303,6 +303,7 @@ def _launch_rope_paths() -> None:
     """rope's entries (CUDA and NPU plans) in every data dtype, with tables in
     the data's dtype and in float32 (AMP), full and partial rotary; and the
     heads loop (a plan whose head blocks hold fewer heads than there are)."""
+    from csrc_free_ops.rope import RopeOptions
     from csrc_free_ops.rope import launch as rope_launch
     from csrc_free_ops.rope import plan as rope_plan
 
@@ -333,10 +334,11 @@ def _launch_rope_paths() -> None:
             ((q[:1], k[:1]), {"position_ids": mrope_ids, "mrope_section": [8, 4, 4], "pairs": "interleaved"}),
         ]
         for (x, y), options in calls:
+            bundled = RopeOptions(**options)
             for prefix in ("cuda", "npu"):
-                getattr(rope_launch, f"{prefix}_forward")(x, y, table, table, **options)
-                getattr(rope_launch, f"{prefix}_backward")(x, y, table, table, **options)
-                getattr(rope_launch, f"{prefix}_forward_")(x, y, table, table, **options)
+                getattr(rope_launch, f"{prefix}_forward")(x, y, table, table, bundled)
+                getattr(rope_launch, f"{prefix}_backward")(x, y, table, table, bundled)
+                getattr(rope_launch, f"{prefix}_forward_")(x, y, table, table, bundled)
 
 
 # The kernels' parameters that hold an op's inputs: no kernel writes them.

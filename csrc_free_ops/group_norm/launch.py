@@ -223,6 +223,11 @@ def _bindable(p: Plan, x: torch.Tensor, *params: torch.Tensor | None) -> bool:
     return all(t is None or t.is_contiguous() for t in params)
 
 
+def _output_format(x: torch.Tensor) -> torch.memory_format:
+    """layout.empty_output's layout for x as an empty_like memory format."""
+    return torch.preserve_format if layout.channels_last(x) else torch.contiguous_format
+
+
 def _in_layout(t: torch.Tensor, is_channels_last: bool) -> bool:
     """t is read in place in that layout (``layout.like`` returns it as is)."""
     return layout.dense_channels_last(t) if is_channels_last else t.is_contiguous()
@@ -239,8 +244,10 @@ def _prepared_forward(x, num_groups, weight, bias, eps, p: Plan) -> Callable:
     steps = _bound_steps(p, x, num_groups, eps)
     workspace_shape, workspace_dtype, dev = p.workspace_size, _compute_dtype(x), x.device
 
+    fmt = _output_format(x)
+
     def run(x, num_groups, weight, bias, eps, activation="none"):
-        y = torch.empty_like(x)  # x is read in place: contiguous or dense channels-last, kept by empty_like
+        y = torch.empty_like(x, memory_format=fmt)
         w = x if weight is None else weight  # a parameter the plan's kernels never read
         b = x if bias is None else bias
         ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
@@ -261,8 +268,10 @@ def _prepared_backward(grad_out, x, num_groups, weight, bias, eps, p: Plan | Non
     weight_dtype = None if weight is None else weight.dtype
     bias_dtype = None if bias is None else bias.dtype
 
+    fmt = _output_format(x)
+
     def run(grad_out, x, num_groups, weight, bias, eps, activation="none"):
-        dx = torch.empty_like(x)
+        dx = torch.empty_like(x, memory_format=fmt)
         dweight = None if weight_dtype is None else torch.empty(c, dtype=weight_dtype, device=dev)
         dbias = None if bias_dtype is None else torch.empty(c, dtype=bias_dtype, device=dev)
         ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
