@@ -26,6 +26,10 @@ live at once; the parameter rows (weight, bias, and the backward's dweight
 and dbias sums) are one tile row each, counted as temporaries too:
   forward:  1 input  + 4 temporaries (x, x - mean, y, the parameters)
   backward: 2 inputs + 7 temporaries (x, dy, xhat, g, dx, the two sums)
+The column-blocked forward loads a weight and a bias chunk as long as its x
+chunk, so it counts 6 temporaries (the Ascend compile check: with 4, its
+fp32 and bf16 chunks of 8192 with weight and bias fit only without
+multi-buffering).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ BWD_ONE_PROGRAM_ELEMENTS = 16 * 1024
 NPU_SMALL_ROW_MAX_COLS = 4096
 NPU_MAX_BLOCK_M = 64
 NPU_FWD_TEMPS = 4
+NPU_FWD_BLOCKED_TEMPS = 6
 NPU_BWD_TEMPS = 7
 # triton-ascend (Triton 3.2) cannot lower None, the "compiler's default" pipelining depth.
 NPU_LOOP_STAGES = 1
@@ -100,9 +105,11 @@ def cuda(n_rows: int, n_cols: int, backward: bool, sms: int) -> Plan:
     return Plan(True, block_m, block, programs, warps, BWD_LOOP_STAGES)
 
 
-def npu_tile_elements(backward: bool, itemsize: int, compute_itemsize: int, ub_bytes: int) -> int:
+def npu_tile_elements(
+    backward: bool, itemsize: int, compute_itemsize: int, ub_bytes: int, blocked: bool = False
+) -> int:
     """Largest power-of-two tile that fits the UB under the cost model."""
-    n_inputs, temps = (2, NPU_BWD_TEMPS) if backward else (1, NPU_FWD_TEMPS)
+    n_inputs, temps = (2, NPU_BWD_TEMPS) if backward else (1, NPU_FWD_BLOCKED_TEMPS if blocked else NPU_FWD_TEMPS)
     return prev_pow2(ub_bytes // (n_inputs * itemsize + compute_itemsize * temps))
 
 
@@ -114,4 +121,5 @@ def npu(n_rows: int, n_cols: int, itemsize: int, backward: bool, ub_bytes: int, 
     if n_cols <= NPU_SMALL_ROW_MAX_COLS and block_n <= tile:
         block_m = min(NPU_MAX_BLOCK_M, tile // block_n, next_pow2(n_rows))
         return Plan(True, block_m, block_n, min(cores, cdiv(n_rows, block_m)), loop_stages=NPU_LOOP_STAGES)
-    return Plan(False, 1, min(block_n, tile), min(cores, n_rows), loop_stages=NPU_LOOP_STAGES)
+    chunk = npu_tile_elements(backward, itemsize, 8 if itemsize == 8 else 4, ub_bytes, blocked=True)
+    return Plan(False, 1, min(block_n, chunk), min(cores, n_rows), loop_stages=NPU_LOOP_STAGES)
