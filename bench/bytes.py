@@ -13,6 +13,10 @@ poly_norm, x of shape (M, H):
     full      forward + backward                   5*M*H*e
     (weight (3,) and bias (1,) and their grads: negligible, not counted)
 
+rms_norm and layer_norm: poly_norm's counts (x read once, y written once;
+backward x and dy read, dx written; the (H,) parameters and their
+gradients, and any saved statistics, not counted).
+
 rope, q (B, Hq, T, D), k (B, Hkv, T, D), cos and sin (Bc, T, R) with Bc = 1
 (HF's (1, T, R) table) and R = D:
     forward   read q, k, write q_out, k_out        2*B*T*(Hq+Hkv)*D*e
@@ -179,6 +183,7 @@ _BYTES = {"poly_norm": poly_norm_bytes, "rope": rope_bytes, "group_norm": group_
           "fused_linear_cross_entropy": fused_linear_cross_entropy_bytes}  # fmt: skip
 _BYTES.update({op: functools.partial(rope_variant_bytes, op) for op in ROPE_VARIANTS})
 _BYTES.update(dict.fromkeys(GLU_OPS, glu_bytes))
+_BYTES.update({"rms_norm": poly_norm_bytes, "layer_norm": poly_norm_bytes})
 
 
 def min_bytes(op: str, shape: dict[str, Any], mode: str) -> int:

@@ -4,7 +4,8 @@ the harness times.
 Providers
     liger         this project, through torch.ops.liger.*
     torch         eager reference: Motif's PolyNorm, HF's apply_rotary_pos_emb,
-                  torch.nn.functional.group_norm (written out below)
+                  torch.nn.functional.group_norm (written out below),
+                  transformers' LlamaRMSNorm (written out), F.layer_norm
     compile       torch.compile(reference, dynamic=False), warmed up before timing
     liger_kernel  upstream Liger-Kernel's autograd.Functions, when importable
 
@@ -46,6 +47,7 @@ from bench import rope_variants, shapes
 PROVIDERS = ("liger", "torch", "compile", "liger_kernel")
 
 POLY_NORM_EPS = 1e-6
+ROW_NORM_EPS = 1e-6
 GROUP_NORM_EPS = 1e-5
 ROPE_BASE = 10000.0
 
@@ -312,6 +314,61 @@ def _build_poly_norm(provider: str, shape: dict[str, Any], device: str) -> Built
     return Built(fn, (x, w, b), (x, w, b))
 
 
+def row_norm_inputs(shape: dict[str, Any], device: str, bias: bool):
+    dt, g = _dtype(shape), _generator(device)
+    h = shape["H"]
+    x = torch.randn(shape["M"], h, device=device, dtype=torch.float32, generator=g).to(dt)
+    params = [torch.randn(h, device=device, dtype=torch.float32, generator=g).to(dt) for _ in range(2 if bias else 1)]
+    for t in (x, *params):
+        t.requires_grad_(True)
+    return x, *params
+
+
+def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = ROW_NORM_EPS) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward, written out."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def torch_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], weight, bias, ROW_NORM_EPS)
+
+
+def _build_rms_norm(provider: str, shape: dict[str, Any], device: str) -> Built:
+    x, w = row_norm_inputs(shape, device, bias=False)
+    if provider == "liger":
+        _liger_ops()
+        fn = lambda x, w: torch.ops.liger.rms_norm(x, w, ROW_NORM_EPS)
+    elif provider == "torch":
+        fn = llama_rms_norm
+    elif provider == "compile":
+        fn = _compiled(llama_rms_norm)
+    elif provider == "liger_kernel":  # upstream's defaults: offset 0, Llama casting; in_place=False keeps dy intact
+        fn_cls = _upstream().LigerRMSNormFunction
+        fn = lambda x, w: fn_cls.apply(x, w, ROW_NORM_EPS, 0.0, "llama", False)
+    else:
+        raise ValueError(provider)
+    return Built(fn, (x, w), (x, w))
+
+
+def _build_layer_norm(provider: str, shape: dict[str, Any], device: str) -> Built:
+    x, w, b = row_norm_inputs(shape, device, bias=True)
+    if provider == "liger":
+        _liger_ops()
+        fn = lambda x, w, b: torch.ops.liger.layer_norm(x, w, b, ROW_NORM_EPS)
+    elif provider == "torch":
+        fn = torch_layer_norm
+    elif provider == "compile":
+        fn = _compiled(torch_layer_norm)
+    elif provider == "liger_kernel":
+        fn_cls = _upstream().LigerLayerNormFunction
+        fn = lambda x, w, b: fn_cls.apply(x, w, b, ROW_NORM_EPS)
+    else:
+        raise ValueError(provider)
+    return Built(fn, (x, w, b), (x, w, b))
+
+
 def _rope_fn(provider: str, model_layout: bool) -> Callable[..., Any]:
     if provider == "liger":
         _liger_ops()
@@ -493,6 +550,8 @@ _BUILDERS = {
     "rope": _build_rope,
     "group_norm": _build_group_norm,
     "group_norm_silu": _build_group_norm_silu,
+    "rms_norm": _build_rms_norm,
+    "layer_norm": _build_layer_norm,
 }
 _BUILDERS.update({op: functools.partial(_build_rope_variant, op) for op in shapes.ROPE_VARIANTS})
 _BUILDERS.update({op: functools.partial(_build_glu, op) for op in shapes.GLU_OPS})

@@ -10,10 +10,15 @@ Sets:
     poly_norm   M=2048 rows, H in 256..4096, bf16
     rope        batch 1, 32 q / 8 kv heads, head_dim 256, seq 1024..16384, bf16
     group_norm  (M=128, C, H=512), 4 channels per group, C in 32..2048, fp32
+    rms_norm    M=2048 rows, H in 1024..32768, bf16 (Llama casting)
+    layer_norm  M=4096 rows, H in 1024..16384, bf16 (weight and bias)
 * ``large``: shapes that keep an H200 busy.
     poly_norm   M=16384, H in {2048, 4096, 8192}, bf16
     rope        batch 4, otherwise as seeds
     group_norm  (8, 512, 4096), 32 groups, bf16 and fp32
+    rms_norm    M=16384, H in {2048, 4096, 8192}, bf16; and Qwen3's per-head q/k
+                norm: M=8*512*32 rows of head_dim 128
+    layer_norm  M=16384, H in {2048, 4096, 8192}, bf16
 * ``diffusion`` (group_norm only): Stable-Diffusion-style UNet / VAE
   activations, GroupNorm(32), bf16 and fp32:
     (2, 320, 64x64), (8, 640, 32x32), (16, 1280, 16x16), (4, 512, 128x128),
@@ -84,7 +89,17 @@ from typing import Any
 ROPE_VARIANTS = ("rope_position_ids", "rope_interleaved", "rope_partial", "rope_k_only", "rope_mrope", "rope_packed")
 GLU_OPS = ("swiglu", "geglu")
 LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
-OPS = ("poly_norm", "rope", "group_norm", "group_norm_silu", *GLU_OPS, *ROPE_VARIANTS, *LOSSES)
+OPS = (
+    "poly_norm",
+    "rope",
+    "group_norm",
+    "group_norm_silu",
+    "rms_norm",
+    "layer_norm",
+    *GLU_OPS,
+    *ROPE_VARIANTS,
+    *LOSSES,
+)
 # What a run measures when --ops is not given; --ops takes a group's name for its ops.
 DEFAULT_OPS = ("poly_norm", "rope", "group_norm", *LOSSES)
 OP_GROUPS = {"rope_variants": ROPE_VARIANTS}
@@ -185,6 +200,22 @@ def _glu(op: str, set_name: str) -> list[Sweep]:
                 for f, v in ((14336, "llama3_8b"), (24576, "gemma_7b"))]  # fmt: skip
     if set_name == "tiny":
         return [Sweep(op, set_name, "T", "total tokens", (4,), {"F": 40, "dtype": "float32"})]
+    return []
+
+
+def _row_norm(op: str, set_name: str) -> list[Sweep]:
+    """rms_norm / layer_norm: upstream's benchmark_rms_norm.py / benchmark_layer_norm.py shapes, then large."""
+    hidden = "hidden size"
+    if set_name == "seeds":
+        rows, top = (2048, 32768) if op == "rms_norm" else (4096, 16384)
+        return [Sweep(op, set_name, "H", hidden, _pow2(1024, top), {"M": rows, "dtype": "bfloat16"})]
+    if set_name == "large":
+        found = [Sweep(op, set_name, "H", hidden, (2048, 4096, 8192), {"M": 16384, "dtype": "bfloat16"})]
+        if op == "rms_norm":  # Qwen3's q/k norms: every head of B=8, S=512, 32 heads normalised over head_dim
+            found.append(Sweep(op, set_name, "H", "head_dim", (128,), {"M": 8 * 512 * 32, "dtype": "bfloat16"}))
+        return found
+    if set_name == "tiny":
+        return [Sweep(op, set_name, "H", hidden, (64,), {"M": 4, "dtype": "float32"})]
     return []
 
 
@@ -363,6 +394,8 @@ _BUILDERS = {
     "rope": _rope,
     "group_norm": _group_norm,
     "group_norm_silu": lambda set_name: _group_norm(set_name, "group_norm_silu"),
+    "rms_norm": lambda set_name: _row_norm("rms_norm", set_name),
+    "layer_norm": lambda set_name: _row_norm("layer_norm", set_name),
 }
 _BUILDERS.update({op: lambda set_name, op=op: _glu(op, set_name) for op in GLU_OPS})
 _BUILDERS.update({op: lambda set_name, op=op: _rope_variant(op, set_name) for op in ROPE_VARIANTS})

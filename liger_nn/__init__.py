@@ -10,17 +10,21 @@ from liger_nn.hf_rotary import (
     apply_rotary_pos_emb_interleaved,
     apply_rotary_pos_emb_vision,
 )
+from liger_nn.layer_norm import LayerNorm
 from liger_nn.patching import LigerPatch, LigerPatchWarning, PatchReport, Replacement, apply_liger_ops
 from liger_nn.poly_norm import PolyNorm
+from liger_nn.rms_norm import RMSNorm
 from liger_nn.rope import apply_rotary_pos_emb
 
 __all__ = [
     "GeGLUMLP",
     "GroupNorm",
+    "LayerNorm",
     "LigerPatch",
     "LigerPatchWarning",
     "PatchReport",
     "PolyNorm",
+    "RMSNorm",
     "Replacement",
     "SwiGLUMLP",
     "apply_liger_ops",

@@ -12,7 +12,9 @@ from registrations import (
     fused_linear_cross_entropy,  # noqa: F401
     glu,  # noqa: F401
     group_norm,  # noqa: F401
+    layer_norm,  # noqa: F401
     poly_norm,  # noqa: F401
+    rms_norm,  # noqa: F401
     rope,  # noqa: F401
     rope_inplace,  # noqa: F401  (rope_ under autograd)
     sharding,  # noqa: F401

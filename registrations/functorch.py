@@ -3,13 +3,15 @@
 vmap (``torch.library.register_vmap``; without a rule torch falls back to a
 slow per-sample loop with a warning):
 
-* poly_norm, group_norm: the vmapped dim becomes extra rows / samples of one
-  call when only the data is batched; batched parameters run per sample.
+* poly_norm, group_norm, rms_norm, layer_norm: the vmapped dim becomes extra
+  rows / samples of one call when only the data is batched; batched
+  parameters run per sample.
 * rope, rope_backward: the vmapped dim is folded into the batch of one call
   when only q/k (dq/dk) are batched, (B, H, S, D) and no cu_seqlens
   (per-sample tables and position ids repeat for each vmapped sample);
   otherwise per sample.
-* poly_norm_backward, group_norm_backward: per sample (dweight and dbias are
+* poly_norm_backward, group_norm_backward, rms_norm_backward,
+  layer_norm_backward: per sample (dweight and dbias are
   sums over each sample's rows, which one call would add across samples).
 * cross_entropy, fused_linear_cross_entropy and their backward ops: per
   sample (a mean or sum over one call would reduce across samples).
@@ -27,7 +29,7 @@ Formula, whose ``jvp`` calls the rule registered here:
 * rope, rope_backward are linear in q/k (dq/dk) and in (cos, sin) jointly:
   the tangent is the op itself on the tangents, plus the op on the primals
   with the tables' tangents; the kernels compute both.
-* poly_norm, group_norm, the two losses, swiglu, geglu and their backward ops: the jvp of the op's
+* poly_norm, group_norm, rms_norm, layer_norm, the two losses, swiglu, geglu and their backward ops: the jvp of the op's
   pure-PyTorch reference (csrc_free_ops/<op>/reference.py) at the primals,
   in the reference's precision (float32 math, float64 for float64 data).
 """
@@ -44,7 +46,9 @@ from csrc_free_ops.cross_entropy import launch as cross_entropy_launch
 from csrc_free_ops.fused_linear_cross_entropy import launch as fused_linear_cross_entropy_launch
 from csrc_free_ops.glu import reference as glu_reference
 from csrc_free_ops.group_norm import reference as group_norm_reference
+from csrc_free_ops.layer_norm import reference as layer_norm_reference
 from csrc_free_ops.poly_norm import reference as poly_norm_reference
+from csrc_free_ops.rms_norm import reference as rms_norm_reference
 from csrc_free_ops.rope import RopeOptions
 from registrations import rope_inplace  # noqa: F401  (rope_'s Autograd kernel, registered before _not_differentiable looks)
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
@@ -53,7 +57,9 @@ from registrations.eager import below_autograd
 from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
 from registrations.glu import ACTIVATION, GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
+from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
+from registrations.rms_norm import RMS_NORM, RMS_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD, call
 from registrations.transforms import any_tangent
 
@@ -112,6 +118,24 @@ def _group_norm_backward_vmap(info, in_dims, grad_out, x, num_groups, weight, bi
     return _per_sample(GROUP_NORM_BACKWARD, {"activation": activation})(
         info, in_dims, grad_out, x, num_groups, weight, bias, eps
     )
+
+
+def _rms_norm_vmap(info, in_dims, x, weight, eps, offset, casting_mode):
+    options = {"offset": offset, "casting_mode": casting_mode}
+    if not _batched_data_only(0)(in_dims):
+        return _per_sample(RMS_NORM, options)(info, in_dims, x, weight, eps)
+    return RMS_NORM(x.movedim(in_dims[0], 0), weight, eps, **options), 0
+
+
+def _rms_norm_backward_vmap(info, in_dims, grad_out, x, weight, eps, offset, casting_mode):
+    options = {"offset": offset, "casting_mode": casting_mode}
+    return _per_sample(RMS_NORM_BACKWARD, options)(info, in_dims, grad_out, x, weight, eps)
+
+
+def _layer_norm_vmap(info, in_dims, x, weight, bias, eps):
+    if not _batched_data_only(0)(in_dims):
+        return _per_sample(LAYER_NORM)(info, in_dims, x, weight, bias, eps)
+    return LAYER_NORM(x.movedim(in_dims[0], 0), weight, bias, eps), 0
 
 
 ROPE_POSITIONAL = 6  # q, k, cos, sin, position_ids, cu_seqlens; then pairs, mrope_section, mrope_interleaved
@@ -197,6 +221,10 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     GEGLU_BACKWARD: _pointwise_vmap(GEGLU_BACKWARD),
     FUSED_LINEAR_CROSS_ENTROPY: _per_sample(FUSED_LINEAR_CROSS_ENTROPY),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD),
+    RMS_NORM: _rms_norm_vmap,
+    RMS_NORM_BACKWARD: _rms_norm_backward_vmap,
+    LAYER_NORM: _layer_norm_vmap,
+    LAYER_NORM_BACKWARD: _per_sample(LAYER_NORM_BACKWARD),
 }
 
 # ---------------------------------------------------------------------------
@@ -284,6 +312,10 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     GEGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["geglu"])),
     FUSED_LINEAR_CROSS_ENTROPY: _loss_only(_by_reference(fused_linear_cross_entropy_launch.reference_forward)),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _by_reference(fused_linear_cross_entropy_launch.reference_backward),
+    RMS_NORM: _by_reference(rms_norm_reference.forward),
+    RMS_NORM_BACKWARD: _by_reference(rms_norm_reference.backward),
+    LAYER_NORM: _by_reference(layer_norm_reference.forward),
+    LAYER_NORM_BACKWARD: _by_reference(layer_norm_reference.backward),
 }
 
 

@@ -34,6 +34,12 @@ sharding: right, never wrong, until the rule learns it.
 Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
 * poly_norm: x S(d) for any d but the last, weight/bias R -> y S(d).
   Backward: grad_out, x S(d) -> dx S(d), dweight/dbias P.
+* rms_norm, layer_norm: the same row rule (x S(d) for any d but the last,
+  weight/bias R; backward dweight/dbias P, None where absent): sequence
+  parallel shards the rows' sequence dim, tensor parallel the heads of
+  per-head norms (Qwen3's q/k norms over head_dim, x (B, S, heads,
+  head_dim) S(2)).  A norm over a sharded last dim (OLMo2's over the whole
+  projection under tensor parallel) is redistributed to whole rows.
 * rope / rope_backward, q/k (B, H, S, D): both S(0) (batch; cos/sin S(0)
   when they have a batch dim of size > 1, else R); S(1) on q, k or both
   (heads, any head counts: each head is rotated alone; cos/sin R); both S(2)
@@ -81,7 +87,9 @@ from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
 from registrations.glu import GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
+from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
+from registrations.rms_norm import RMS_NORM, RMS_NORM_BACKWARD
 from registrations.rope import ROPE, ROPE_, ROPE_BACKWARD
 
 R = Replicate()
@@ -155,6 +163,10 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [
         m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])
     ],
+    RMS_NORM: lambda a: [True],
+    RMS_NORM_BACKWARD: lambda a: [True, a.get("weight")],
+    LAYER_NORM: lambda a: [True],
+    LAYER_NORM_BACKWARD: lambda a: [True, a.get("weight"), a.get("bias")],
 }
 
 
@@ -181,6 +193,22 @@ def _glu(a: dict) -> list:
 def _glu_backward(a: dict) -> list:
     placed = ({"grad_out": Shard(d), "gate": Shard(d), "up": Shard(d)} for d in range(a["gate"].ndim))
     return [([p["gate"], p["up"]], p) for p in placed]
+
+
+# rms_norm, layer_norm: rows are independent; the norm runs over the last dim.
+
+
+def _row_norm(a: dict) -> list:
+    return [([Shard(d)], {"x": Shard(d), "weight": R, "bias": R}) for d in range(a["x"].ndim - 1)]
+
+
+def _row_norm_backward(op: torch._ops.OpOverload) -> Callable[[dict], list]:
+    def shardings(a: dict) -> list:
+        outputs = [P if present else None for present in _OUTPUTS[op](a)[1:]]
+        inputs = {"weight": R, "bias": R}
+        return [([Shard(d), *outputs], {"grad_out": Shard(d), "x": Shard(d), **inputs}) for d in range(a["x"].ndim - 1)]
+
+    return shardings
 
 
 # ---------------------------------------------------------------------------
@@ -413,6 +441,10 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _rule(
         FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, _fused_linear_cross_entropy_backward
     ),
+    RMS_NORM: _rule(RMS_NORM, _row_norm),
+    RMS_NORM_BACKWARD: _rule(RMS_NORM_BACKWARD, _row_norm_backward(RMS_NORM_BACKWARD)),
+    LAYER_NORM: _rule(LAYER_NORM, _row_norm),
+    LAYER_NORM_BACKWARD: _rule(LAYER_NORM_BACKWARD, _row_norm_backward(LAYER_NORM_BACKWARD)),
 }
 HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM: _local_num_groups(GROUP_NORM),

@@ -188,6 +188,8 @@ def _launch_every_path() -> None:
 
     _launch_glu_paths()
 
+    _launch_row_norm_paths()
+
 
 def _launch_glu_paths() -> None:
     """swiglu and geglu: the CUDA and NPU entries, contiguous (one row) and
@@ -211,6 +213,33 @@ def _launch_glu_paths() -> None:
             grid_stride = glu_plan.Plan(2, 32, 2)
             glu_launch.forward(*halves, activation, grid_stride)
             glu_launch.backward(dy, *halves, activation, grid_stride)
+
+
+def _launch_row_norm_paths() -> None:
+    """rms_norm (both casting modes, an offset, no weight) and layer_norm
+    (weight and bias each optional): CUDA and NPU entries over tile, several
+    tile rows and column-blocked shapes, in every data dtype with parameters
+    in x's dtype and in float32; one grid-stride forward plan."""
+    from csrc_free_ops.layer_norm import launch as ln_launch
+    from csrc_free_ops.rms_norm import launch as rn_launch
+    from csrc_free_ops.rms_norm import plan as rn_plan
+
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        for pdt in {dt, torch.float32}:
+            for rows, cols in ((300, 128), (8, 3000), (4, 9000)):  # stacked rows, one row a tile, column blocks
+                x = torch.zeros(rows, cols, dtype=dt)
+                w = torch.ones(cols, dtype=pdt)
+                for options in ((w, 1e-6, 0.0, "llama"), (w, 1e-6, 1.0, "gemma"), (None, 1e-6, 0.0, "llama")):
+                    for prefix in ("cuda", "npu"):
+                        getattr(rn_launch, f"{prefix}_forward")(x, *options)
+                        getattr(rn_launch, f"{prefix}_backward")(x, x, *options)
+                for params in ((w, w), (w, None), (None, w), (None, None)):
+                    for prefix in ("cuda", "npu"):
+                        getattr(ln_launch, f"{prefix}_forward")(x, *params, 1e-5)
+                        getattr(ln_launch, f"{prefix}_backward")(x, x, *params, 1e-5)
+        x = torch.zeros(8, 64, dtype=dt)
+        grid_stride = rn_plan.Plan(True, 2, 64, 2)
+        rn_launch.forward(x, torch.ones(64), None, rn_launch.RowNorm(1e-6, 0.0, True, False), grid_stride)
 
 
 def _launch_group_norm_paths() -> None:

@@ -81,6 +81,32 @@ def pn_backward_args(shape, dt, pt):
     return _rows(shape, dt), _rows(shape, dt), _t(3, pt), 1e-6
 
 
+def rn_forward_args(shape, dt, pt):
+    """shape: (rows, cols[, "T"], options): options "llama", "gemma" (offset 1) or "noweight"."""
+    *rows, options = shape
+    w = None if options == "noweight" else _t(rows[1], pt)
+    mode = "gemma" if options == "gemma" else "llama"
+    return _rows(rows, dt), w, 1e-6, 1.0 if options == "gemma" else 0.0, mode
+
+
+def rn_backward_args(shape, dt, pt):
+    x, *rest = rn_forward_args(shape, dt, pt)
+    return torch.empty_like(x), x, *rest
+
+
+def ln_forward_args(shape, dt, pt):
+    """shape: (rows, cols[, "T"], affine), affine one of "wb", "w", "b", ""."""
+    *rows, affine = shape
+    w = _t(rows[1], pt) if "w" in affine else None
+    b = _t(rows[1], pt) if "b" in affine else None
+    return _rows(rows, dt), w, b, 1e-5
+
+
+def ln_backward_args(shape, dt, pt):
+    x, *rest = ln_forward_args(shape, dt, pt)
+    return torch.empty_like(x), x, *rest
+
+
 def rope_args(shape, dt, pt):
     """shape: (B, Hq, Hk, S, D, R[, "bshd"]): "bshd" gives q and k HF's (B, S, H, D) layout seen transposed.
     cos/sin in the parameter dtype (float32 tables with bf16 q/k: AMP)."""
@@ -198,6 +224,21 @@ PN_SHAPES = (
     (3, 40000),  # column blocks bounded by the UB
     (300, 1024, "T"),  # a transposed x: columns not unit-stride
 )
+RN_SHAPES = (  # (rows, cols[, layout], options)
+    (37, 48, "llama"),  # whole rows, several per tile, one row block per program
+    (5000, 128, "gemma"),  # per-head norms: head_dim rows, BLOCK_M bounded by the UB, grid-stride loop
+    (300, 4096, "llama"),  # whole rows at the widest tiled width
+    (7, 5000, "noweight"),  # column blocks (wider than SMALL_ROW_MAX_COLS)
+    (3, 40000, "gemma"),  # column blocks bounded by the UB
+    (300, 1024, "T", "llama"),  # a transposed x: columns not unit-stride
+)
+LN_SHAPES = (  # (rows, cols[, layout], affine)
+    (37, 48, "wb"),
+    (5000, 1024, "w"),
+    (300, 4096, "b"),
+    (7, 5000, "wb"),
+    (3, 40000, ""),
+)
 ROPE_SHAPES = (  # (B, Hq, Hk, S, D, R[, layout])
     (2, 8, 2, 16, 128, 128),  # GQA, every head in one tile
     (1, 64, 8, 4, 128, 128),  # head block bounded by the UB: the heads loop
@@ -277,6 +318,10 @@ def entries() -> list[Entry]:
     return [
         Entry("poly_norm", "csrc_free_ops.poly_norm.launch:npu_forward", pn_forward_args, PN_SHAPES, WITH_FP64),
         Entry("poly_norm", "csrc_free_ops.poly_norm.launch:npu_backward", pn_backward_args, PN_SHAPES, WITH_FP64),
+        Entry("rms_norm", "csrc_free_ops.rms_norm.launch:npu_forward", rn_forward_args, RN_SHAPES, WITH_FP64),
+        Entry("rms_norm", "csrc_free_ops.rms_norm.launch:npu_backward", rn_backward_args, RN_SHAPES, WITH_FP64),
+        Entry("layer_norm", "csrc_free_ops.layer_norm.launch:npu_forward", ln_forward_args, LN_SHAPES, WITH_FP64),
+        Entry("layer_norm", "csrc_free_ops.layer_norm.launch:npu_backward", ln_backward_args, LN_SHAPES, WITH_FP64),
         Entry("rope", "csrc_free_ops.rope.launch:npu_forward", rope_args, ROPE_SHAPES, WITH_FP64),
         Entry("rope", "csrc_free_ops.rope.launch:npu_backward", rope_args, ROPE_SHAPES, WITH_FP64),
         Entry("rope", "csrc_free_ops.rope.launch:npu_forward_", rope_args, ROPE_SHAPES, WITH_FP64),

@@ -750,3 +750,18 @@ def test_harness_runs_the_model_layout_set_into_one_archive(tmp_path):
 def test_the_model_layout_gpu_command_fits_in_four_minutes():
     args = run.parse_args(["--ops", "rope", "--sets", "model_layout", "--timer", "graph,eager"])
     assert run.estimate_seconds(args, shapes.sweeps("rope", "model_layout"), 10.0, 50.0) < 240
+
+
+@ON_CPU
+def test_harness_runs_the_row_norms(tmp_path):
+    """rms_norm and layer_norm in the op table: the tiny set through liger and torch, values checked alike."""
+    rc = run.main(["--device", "cpu", "--ops", "rms_norm,layer_norm", "--sets", "tiny", "--providers", "liger,torch",
+                   "--rep", "1", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    for op in ("rms_norm", "layer_norm"):
+        records = json.loads((tmp_path / f"{op}.json").read_text())
+        _check_records(records, op, ("liger", "torch"), ("graph", "eager"), "tiny")
+        assert json.loads((tmp_path / f"{op}_skips.json").read_text()) == []
+    assert shapes.sweeps("rms_norm", "seeds")[0].x_values == (1024, 2048, 4096, 8192, 16384, 32768)
+    assert shapes.sweeps("layer_norm", "seeds")[0].config["M"] == 4096
+    assert nbytes.min_bytes("rms_norm", {"M": 2, "H": 8, "dtype": "bfloat16"}, "backward") == 3 * 16 * 2

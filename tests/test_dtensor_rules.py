@@ -71,6 +71,39 @@ def test_poly_norm_last_dim_is_redistributed(mesh):
 
 
 # ---------------------------------------------------------------------------
+# rms_norm, layer_norm: sequence parallel (S(1) of (B, S, H)) and per-head norms under tensor parallel
+# (S(2) of (B, S, heads, head_dim), Qwen3's q/k norms)
+
+ROW_NORMS = {
+    "rms_norm": lambda x, w, b: liger.rms_norm(x, w, 1e-6, offset=1.0, casting_mode="gemma"),
+    "rms_norm_no_weight": lambda x, w, b: liger.rms_norm(x, None, 1e-6),
+    "layer_norm": lambda x, w, b: liger.layer_norm(x, w, b, 1e-5),
+    "layer_norm_weight_only": lambda x, w, b: liger.layer_norm(x, w, None, 1e-5),
+}
+
+
+@pytest.mark.parametrize("name", ROW_NORMS)
+@pytest.mark.parametrize(("shape", "dim"), [((8, 8, 32), 0), ((8, 8, 32), 1), ((2, 8, 8, 16), 2)])
+def test_row_norms_rows_need_no_communication(mesh, name, shape, dim):
+    x = _dt(mesh, shape, [Shard(dim)])
+    w, b = _dt(mesh, shape[-1:], [R]), _dt(mesh, shape[-1:], [R])
+    y, n = _comms(lambda: ROW_NORMS[name](x, w, b))
+    assert (y.placements, n) == ((Shard(dim),), 0)
+    assert _backward(mesh, y) == 0
+    assert x.grad.placements == (Shard(dim),)
+    for param in (w, b):
+        assert param.grad is None or isinstance(param.grad.placements[0], Partial)
+
+
+@pytest.mark.parametrize("name", ROW_NORMS)
+def test_row_norms_last_dim_is_redistributed(mesh, name):
+    """OLMo2's norm over a whole projection sharded by tensor parallel: the row must be gathered."""
+    x = _dt(mesh, (8, 8, 32), [Shard(2)])
+    y, n = _comms(lambda: ROW_NORMS[name](x, _dt(mesh, (32,), [R]), _dt(mesh, (32,), [R])))
+    assert n > 0 and y.placements != (Shard(2),)
+
+
+# ---------------------------------------------------------------------------
 # rope: q (B, Hq, S, D), k (B, Hk, S, D)
 
 

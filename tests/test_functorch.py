@@ -16,7 +16,9 @@ from torch.func import grad, jvp, vmap
 
 from csrc_free_ops.glu import reference as glu_ref
 from csrc_free_ops.group_norm import reference as group_norm_ref
+from csrc_free_ops.layer_norm import reference as layer_norm_ref
 from csrc_free_ops.poly_norm import reference as poly_norm_ref
+from csrc_free_ops.rms_norm import reference as rms_norm_ref
 from csrc_free_ops.rope import reference as rope_ref
 from registrations import _library
 from tests.helpers import DEVICE, assert_close_to_ref
@@ -56,6 +58,18 @@ OPS = {
     ),
     "swiglu": Op(liger.swiglu, lambda g, u: glu_ref.forward(g, u, "silu"), ((2, 16), (2, 16)), (1,)),
     "geglu": Op(liger.geglu, lambda g, u: glu_ref.forward(g, u, "gelu_tanh"), ((2, 16), (2, 16)), (1,)),
+    "rms_norm": Op(
+        lambda x, w: liger.rms_norm(x, w, 1e-6, offset=1.0, casting_mode="gemma"),
+        lambda x, w: rms_norm_ref.forward(x, w, 1e-6, 1.0, "gemma"),
+        ((2, 3, 8), (8,)),
+        (1,),
+    ),
+    "layer_norm": Op(
+        lambda x, w, b: liger.layer_norm(x, w, b, 1e-5),
+        lambda x, w, b: layer_norm_ref.forward(x, w, b, 1e-5),
+        ((3, 8), (8,), (8,)),
+        (1, 2),
+    ),
 }
 BATCH = 2  # vmapped samples
 
@@ -141,7 +155,7 @@ def test_forward_ad_dual_tensors(name):
     assert_close_to_ref(got, want, torch.float32, f"forward-AD tangent of {name}")
 
 
-@pytest.mark.parametrize("name", ["poly_norm", "group_norm", "swiglu", "geglu"])
+@pytest.mark.parametrize("name", ["poly_norm", "group_norm", "swiglu", "geglu", "rms_norm", "layer_norm"])
 def test_jvp_over_grad(name):
     """Hessian-vector products (forward over reverse) reach the backward op's tangent."""
     op = OPS[name]

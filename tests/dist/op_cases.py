@@ -192,6 +192,37 @@ def group_norm(ctx: Context, shape, num_groups: int, placements, affine: bool = 
 
 
 # ---------------------------------------------------------------------------
+# rms_norm, layer_norm: rows over any dim but the last (sequence parallel, per-head norms)
+
+
+ROW_NORMS = {
+    "rms_norm": lambda x, w, b: liger.rms_norm(x, w, 1e-6),
+    "rms_norm_gemma": lambda x, w, b: liger.rms_norm(x, w, 1e-6, offset=1.0, casting_mode="gemma"),
+    "layer_norm": lambda x, w, b: liger.layer_norm(x, w, b, 1e-5),
+}
+
+
+def row_norm(ctx: Context, name: str, shape: tuple[int, ...], placements: tuple):
+    x, w, b, g = _inputs(ctx, 3, shape, shape[-1:], shape[-1:], shape)
+    xs, ws, bs = _leaf(x), _leaf(w), _leaf(b)
+    fn = ROW_NORMS[name]
+    y = fn(xs, ws, bs)
+    y.backward(g)
+
+    mesh = ctx.mesh(None)
+    dx, dw, db = _dtensor(x, mesh, placements), _dtensor(w, mesh, [R]), _dtensor(b, mesh, [R])
+    dy = fn(dx, dw, db)
+    if all(not isinstance(p, Shard) or p.dim != len(shape) - 1 for p in placements):
+        _assert_placements(dy, placements, "y")
+    dy.backward(distribute_tensor(g, mesh, list(dy.placements)))
+    assert_close(dy, y, "y")
+    assert_close(dx.grad, xs.grad, "dx")
+    assert_close(dw.grad, ws.grad, "dweight")
+    if name == "layer_norm":
+        assert_close(db.grad, bs.grad, "dbias")
+
+
+# ---------------------------------------------------------------------------
 
 
 # ---------------------------------------------------------------------------
@@ -230,6 +261,11 @@ def cases(world_size: int) -> list[tuple[str, Case]]:
         ("poly_norm/rows", p(poly_norm, shape=(2 * ws, 3, 32), placements=(S(0),))),
         ("poly_norm/middle_dim_uneven", p(poly_norm, shape=(2, 2 * ws - 1, 32), placements=(S(1),))),
         ("poly_norm/last_dim_redistributed", p(poly_norm, shape=(3, 2, 8 * ws), placements=(S(2),))),
+        ("rms_norm/sequence", p(row_norm, name="rms_norm", shape=(2, 2 * ws + 1, 32), placements=(S(1),))),
+        ("rms_norm/heads", p(row_norm, name="rms_norm_gemma", shape=(2, 3, 2 * ws, 16), placements=(S(2),))),
+        ("layer_norm/sequence", p(row_norm, name="layer_norm", shape=(2, 2 * ws, 32), placements=(S(1),))),
+        ("layer_norm/last_dim_redistributed", p(row_norm, name="layer_norm", shape=(3, 2, 8 * ws),
+                                                placements=(S(2),))),  # fmt: skip
         ("rope/batch", p(rope, q_at=(S(0),), k_at=(S(0),), table="bsr")),
         ("rope/batch_shared_table", p(rope, q_at=(S(0),), k_at=(S(0),), table="1sr")),
         ("rope/heads_gqa", p(rope, q_at=(S(1),), k_at=(S(1),))),

@@ -1,0 +1,221 @@
+"""The row-norm launch sequence, one for every backend, taking a Plan as data
+(``forward`` / ``backward``, shared with LayerNorm through ``RowNorm``), and
+the entry of each RMSNorm dispatch key (registrations/rms_norm.py binds them):
+
+* ``cuda_forward`` / ``cuda_backward``: ``plan.cuda`` for the tensors' GPU
+  (also the CPU interpreter path, which sizes grids by ``device.CPU_PROGRAMS``);
+* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton.language as tl
+
+from csrc_free_ops import device
+from csrc_free_ops.host_math import cdiv, next_pow2
+from csrc_free_ops.launcher import Launcher, placeholder
+from csrc_free_ops.rms_norm import kernels, plan, reference
+from csrc_free_ops.rms_norm.options import Options
+from csrc_free_ops.rms_norm.plan import Plan
+
+# Most partial rows the reduction reads per step, and the columns each of its programs sums.
+MAX_REDUCE_BLOCK = 64
+REDUCE_COLUMNS = 256
+
+
+class RowNorm(NamedTuple):
+    """What a row-norm kernel computes, as its constexprs take it."""
+
+    eps: float
+    offset: float
+    center: bool  # subtract the mean (LayerNorm)
+    round_normed: bool  # Llama's casting
+
+    @classmethod
+    def rms(cls, options: Options) -> RowNorm:
+        return cls(float(options.eps), float(options.offset), False, options.round_normed)
+
+
+def _compute(x: torch.Tensor) -> tuple[tl.dtype, torch.dtype]:
+    """The math dtype for x, in Triton and torch terms: float64 for float64 x, else float32."""
+    return (tl.float64, torch.float64) if x.dtype == torch.float64 else (tl.float32, torch.float32)
+
+
+def _options(num_warps: int | None) -> dict:
+    """Launch options: num_warps where the plan sets it (never on the NPU)."""
+    return {} if num_warps is None else {"num_warps": num_warps}
+
+
+@functools.lru_cache(maxsize=256)
+def _launcher(backward: bool, p: Plan, grid_stride: bool, compute: tl.dtype, norm: RowNorm, has_weight: bool,
+              has_bias: bool, direct: bool) -> Launcher:  # fmt: skip
+    meta = {"EPS": norm.eps, "OFFSET": norm.offset, "CENTER": norm.center, "ROUND_NORMED": norm.round_normed,
+            "HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, "COMPUTE": compute, **_options(p.num_warps)}  # fmt: skip
+    if not p.whole_rows:
+        kernel = kernels.bwd_blocked_kernel if backward else kernels.fwd_blocked_kernel
+        return Launcher(kernel, BLOCK_N=p.block_n, **meta)
+    tile = {"BLOCK_M": p.block_m, "BLOCK_N": p.block_n}
+    if backward:
+        return Launcher(kernels.bwd_tile_kernel, **tile, LOOP_STAGES=p.loop_stages, DIRECT_GRADS=direct, **meta)
+    return Launcher(kernels.fwd_tile_kernel, **tile, GRID_STRIDE=grid_stride, **meta)
+
+
+@functools.lru_cache(maxsize=64)
+def _reduce_launcher(has_weight: bool, has_bias: bool, block_p: int, num_warps: int | None) -> Launcher:
+    return Launcher(kernels.reduce_param_grads_kernel, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_P=block_p,
+                    BLOCK_C=REDUCE_COLUMNS, **_options(num_warps))  # fmt: skip
+
+
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """t viewed as (rows, last dim): the tensor the kernel reads and its row and column strides."""
+    if t.is_contiguous():
+        return t, t.shape[-1], 1
+    t2d = t.reshape(-1, t.shape[-1])
+    return t2d, t2d.stride(0), t2d.stride(1)
+
+
+def _output_like(x: torch.Tensor, contiguous: bool) -> torch.Tensor:
+    """A contiguous tensor of x's shape and dtype (empty_like is the cheaper call on the host)."""
+    return torch.empty_like(x) if contiguous else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+def sizes(x: torch.Tensor) -> tuple[int, int]:
+    """(rows, columns) of x seen as rows of its last dim."""
+    n_cols = x.shape[-1]
+    return x.numel() // n_cols, n_cols
+
+
+def forward(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, norm: RowNorm, p: Plan
+) -> torch.Tensor:
+    n_rows, n_cols = sizes(x)
+    src, stride_row, stride_col = _rows(x)
+    y = _output_like(x, stride_col == 1 and src is x)
+    if n_rows == 0:
+        return y
+    w = _contiguous(weight) if weight is not None else placeholder(y)
+    b = _contiguous(bias) if bias is not None else placeholder(y)
+    launch = _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0], norm, weight is not None,
+                       bias is not None, False)  # fmt: skip
+    launch(p.programs, src, w, b, y, stride_row, stride_col, n_cols, n_rows, n_cols)
+    return y
+
+
+def _partials(p: Plan, n_cols: int, present: bool, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """One partial row per program: BLOCK_N wide for the tile kernel, n_cols
+    wide and zeroed for the blocked one (which adds into it)."""
+    if not present:
+        return placeholder(like)
+    if p.whole_rows:
+        return torch.empty((p.programs, p.block_n), dtype=dtype, device=like.device)
+    return torch.zeros((p.programs, n_cols), dtype=dtype, device=like.device)
+
+
+def backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    norm: RowNorm,
+    p: Plan,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dweight, dbias); dx in x's dtype, dweight / dbias in weight's / bias's, None where absent."""
+    n_rows, n_cols = sizes(x)
+    src, x_row, x_col = _rows(x)
+    dx = _output_like(x, x_col == 1 and src is x)
+    # Separate allocations: views of one buffer would make the op's outputs alias each other.
+    dweight = None if weight is None else torch.empty(n_cols, dtype=weight.dtype, device=x.device)
+    dbias = None if bias is None else torch.empty(n_cols, dtype=bias.dtype, device=x.device)
+    if n_rows == 0:
+        return dx, None if dweight is None else dweight.zero_(), None if dbias is None else dbias.zero_()
+    compute, partial_dtype = _compute(x)
+    dy, dy_row, dy_col = _rows(grad_out)
+    has_w, has_b = weight is not None, bias is not None
+    direct = p.whole_rows and p.programs == 1
+    w = _contiguous(weight) if has_w else placeholder(dx)
+    dw_partials = placeholder(dx) if direct else _partials(p, n_cols, has_w, partial_dtype, x)
+    db_partials = placeholder(dx) if direct else _partials(p, n_cols, has_b, partial_dtype, x)
+    launch = _launcher(True, p, True, compute, norm, has_w, has_b, direct)
+    strides = (dy_row, dy_col, x_row, x_col, n_cols, n_rows, n_cols)
+    if p.whole_rows:
+        outs = (placeholder(dx) if dweight is None else dweight, placeholder(dx) if dbias is None else dbias)
+        launch(p.programs, dy, src, w, dx, dw_partials, db_partials, *outs, *strides)
+    else:
+        launch(p.programs, dy, src, w, dx, dw_partials, db_partials, *strides)
+    if not direct and (has_w or has_b):
+        block_p = min(next_pow2(p.programs), MAX_REDUCE_BLOCK)
+        outs = (placeholder(dx) if dweight is None else dweight, placeholder(dx) if dbias is None else dbias)
+        stride = p.block_n if p.whole_rows else n_cols
+        _reduce_launcher(has_w, has_b, block_p, p.num_warps)(
+            cdiv(n_cols, REDUCE_COLUMNS), dw_partials, db_partials, *outs, p.programs, n_cols, stride
+        )
+    return dx, dweight, dbias
+
+
+# --- Device entries shared with LayerNorm
+
+
+def cuda_plan(x: torch.Tensor, backward: bool) -> Plan:
+    n_rows, n_cols = sizes(x)
+    return plan.cuda(n_rows, n_cols, backward, device.sms_of(x))
+
+
+def npu_plan(x: torch.Tensor, backward: bool) -> Plan:
+    n_rows, n_cols = sizes(x)
+    return plan.npu(n_rows, n_cols, x.element_size(), backward, device.npu_ub_bytes(), device.npu_vector_cores())
+
+
+def unit_column_stride(t: torch.Tensor) -> torch.Tensor:
+    """t, copied when its last dim is not unit-stride: triton-ascend then compiles
+    the row loads as gathers that need several times the UB the plan budgets
+    (poly_norm's finding, docs/npu.md), where a stride of 1 is specialized away."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# --- The entries of the dispatch keys
+
+
+def cuda_forward(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str
+) -> torch.Tensor:
+    return forward(x, weight, None, RowNorm.rms(Options(eps, offset, casting_mode)), cuda_plan(x, False))
+
+
+def cuda_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    norm = RowNorm.rms(Options(eps, offset, casting_mode))
+    dx, dweight, _ = backward(grad_out, x, weight, None, norm, cuda_plan(x, True))
+    return dx, dweight
+
+
+# triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on Ascend", the Ascend compile
+# check): float64 on the NPU runs the pure-PyTorch reference there instead.
+
+
+def npu_forward(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str
+) -> torch.Tensor:
+    if x.dtype == torch.float64:
+        return reference.forward(x, weight, eps, offset, casting_mode)
+    norm = RowNorm.rms(Options(eps, offset, casting_mode))
+    return forward(unit_column_stride(x), weight, None, norm, npu_plan(x, False))
+
+
+def npu_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if x.dtype == torch.float64:
+        return reference.backward(grad_out, x, weight, eps, offset, casting_mode)
+    norm = RowNorm.rms(Options(eps, offset, casting_mode))
+    dx, dweight, _ = backward(unit_column_stride(grad_out), unit_column_stride(x), weight, None, norm,
+                              npu_plan(x, True))  # fmt: skip
+    return dx, dweight
