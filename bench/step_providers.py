@@ -6,9 +6,11 @@
               models, ResNet stack); for Llama and Qwen2 the modeling module's
               ``apply_rotary_pos_emb`` becomes ``liger_rotary_pos_emb``, which
               is what ``apply_liger_kernel_to_llama/qwen2(rope=True)`` does,
-              with every other kernel of those functions (RMSNorm, SwiGLU,
-              fused linear cross entropy) left out so that only the op this
-              project also has is swapped
+              and each LlamaMLP / Qwen2MLP runs LigerSwiGLUMLP's forward (an
+              instance attribute, what ``swiglu=True`` binds on a built
+              model), with the kernels this project does not route yet
+              (RMSNorm, fused linear cross entropy) left out so that the ops
+              both swap are the same
     liger     ``liger_nn.apply_liger_ops(model)``
 
 ``apply(provider, model_name, net)`` patches and returns an undo callable;
@@ -89,6 +91,25 @@ def _upstream_rope(model: str) -> Callable[[], None]:
     return undo
 
 
+def _upstream_swiglu(net: nn.Module) -> Callable[[], None]:
+    """Every LlamaMLP / Qwen2MLP of ``net`` runs upstream's LigerSwiGLUMLP.forward."""
+    import types
+
+    try:
+        from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+    except Exception as e:  # noqa: BLE001
+        raise NotApplicable(f"liger_kernel not importable: {type(e).__name__}: {e}") from None
+    mlps = [m for m in net.modules() if type(m).__name__ in ("LlamaMLP", "Qwen2MLP")]
+    for m in mlps:
+        m.forward = types.MethodType(LigerSwiGLUMLP.forward, m)
+
+    def undo() -> None:
+        for m in mlps:
+            del m.forward
+
+    return undo
+
+
 def _liger(net: nn.Module) -> Callable[[], None]:
     from liger_nn import apply_liger_ops
 
@@ -108,7 +129,14 @@ def apply(provider: str, model: str, net: nn.Module) -> tuple[Callable[[], None]
             undo = _upstream_group_norm(net)
             return undo, "LigerGroupNorm for every nn.GroupNorm"
         if model in LLM_MODELS:
-            return _upstream_rope(model), "liger_rotary_pos_emb (rope only)"
+            undo_rope = _upstream_rope(model)
+            undo_mlp = _upstream_swiglu(net)
+
+            def undo() -> None:
+                undo_mlp()
+                undo_rope()
+
+            return undo, "liger_rotary_pos_emb and LigerSwiGLUMLP.forward"
         raise NotApplicable(f"no upstream equivalent for {model}")
     if provider == "liger":
         undo = _liger(net)

@@ -13,7 +13,7 @@ swiglu = eager_call(torch.ops.liger.swiglu)
 geglu = eager_call(torch.ops.liger.geglu)
 
 
-class _GatedMLP(nn.Module):
+class GatedMLP(nn.Module):
     """down_proj(act(gate_proj(x)) * up_proj(x)), transformers' LlamaMLP /
     GemmaMLP layout and state_dict keys."""
 
@@ -27,15 +27,24 @@ class _GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
 
+    @classmethod
+    def from_projections(cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear) -> GatedMLP:
+        """The MLP holding these Linear modules themselves (their Parameters, dtypes and devices)."""
+        mlp = cls.__new__(cls)
+        nn.Module.__init__(mlp)
+        mlp.hidden_size, mlp.intermediate_size = gate_proj.in_features, gate_proj.out_features
+        mlp.gate_proj, mlp.up_proj, mlp.down_proj = gate_proj, up_proj, down_proj
+        return mlp
 
-class SwiGLUMLP(_GatedMLP):
+
+class SwiGLUMLP(GatedMLP):
     """silu(gate) * up between the projections (Llama, Mistral, Qwen2/3)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
-class GeGLUMLP(_GatedMLP):
+class GeGLUMLP(GatedMLP):
     """gelu(gate, approximate='tanh') * up between the projections (Gemma)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -127,8 +127,10 @@ def test_patched_training_matches_unpatched(arch):
         assert patch.report.rope_modules == [f"transformers.models.{arch}.modeling_{arch}"], str(patch.report)
         with LigerOpCounter() as counter:
             got = train(model)
-    # The op is what ran: one rope per layer forward, one rope_backward per layer backward.
-    assert counter.calls == {"rope": STEPS * LAYERS, "rope_backward": STEPS * LAYERS}, counter.calls
+    # The ops are what ran: one rope and one swiglu per layer forward, their backward ops per layer backward.
+    ops = {"rope": STEPS * LAYERS, "rope_backward": STEPS * LAYERS, "swiglu": STEPS * LAYERS,
+           "swiglu_backward": STEPS * LAYERS}  # fmt: skip
+    assert counter.calls == ops, counter.calls
     assert len(set(want.losses)) == STEPS, f"the model did not train: {want.losses}"
     assert_same_training(got, want)
 

@@ -29,6 +29,12 @@ What is replaced (each kind can be switched off; docs/patching.md has the tables
 * ``poly_norm``: every submodule whose class name contains ``PolyNorm`` and
   that has ``weight`` of shape (3,), a one-element ``bias`` and a float
   ``eps`` becomes a ``liger_nn.PolyNorm`` sharing those parameters.  Per model.
+* ``glu``: every submodule with ``gate_proj``, ``up_proj``, ``down_proj``
+  ``nn.Linear`` children and an ``act_fn`` that is SiLU or GELU's tanh
+  approximation (transformers' ``LlamaMLP``, ``MistralMLP``, ``Qwen2MLP``,
+  ``GemmaMLP``, ...) becomes a ``liger_nn.SwiGLUMLP`` / ``GeGLUMLP`` holding
+  the same Linear modules: the projections stay matmuls, the elementwise
+  part is one ``swiglu`` / ``geglu`` call.  Per model.
 
 Before anything is swapped, each candidate is checked numerically against its
 original on tiny float32 CPU inputs; a candidate that disagrees is left alone
@@ -42,7 +48,7 @@ One module per job: ``apply`` (the kinds in order), ``handle``, ``report``,
 ``checks``; rope's ``rope_table`` (the convention table), ``rope_dropin``,
 ``rope_check``, ``swap_rope``, ``global_swaps`` (the refcounted process-wide
 swap), ``bytecode_scan``, ``hf_modules``; the module swaps ``module_swaps``
-with one ``swap_<op>`` each; the diffusers fusion ``fuse_group_norm_silu``.
+with one ``swap_<op>`` each (``swap_glu`` for the gated MLPs); the diffusers fusion ``fuse_group_norm_silu``.
 """
 
 from liger_nn.patching.apply import MODULE_RULES, apply_liger_ops
