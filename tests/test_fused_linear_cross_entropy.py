@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csrc_free_ops.cross_entropy import plan as ce_plan
+from csrc_free_ops.cross_entropy import reference as ce_reference
 from csrc_free_ops.cross_entropy.reference import Options
 from csrc_free_ops.fused_linear_cross_entropy import launch, plan, reference
-from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_ref
+from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_scale
 from tests.test_cross_entropy import IGNORE, make_target, options
 
 liger = torch.ops.liger
@@ -24,6 +25,70 @@ def reference_grads(x, weight, target, bias, ce_weight, o, grad_loss):
     cw = None if ce_weight is None else ce_weight.double()
     loss = reference.forward(leaves[0], leaves[1], target, leaves[2] if bias is not None else None, cw, o)[0]
     return loss.detach(), torch.autograd.grad(loss, leaves, grad_loss.double())
+
+
+def _magnitudes(z, target, cw, o, grad_loss):
+    """The loss and its logits' gradient as the reference writes them
+    (csrc_free_ops/cross_entropy/reference.py), each term taken by its
+    magnitude: what float32 rounds each of them relative to."""
+    r = ce_reference.rows(z, target, cw, o)
+    s = ce_reference.capped(z, o.softcap).abs()
+    n_classes, ls = s.shape[-1], o.label_smoothing
+    w = torch.ones(n_classes, dtype=z.dtype) if cw is None else cw
+    safe = torch.where(r.valid, target, 0).long()
+    s_y = s.gather(1, safe[:, None]).squeeze(1)
+    lse = r.lse.abs()
+    loss = (1.0 - ls) * r.target_weight * (lse + s_y) + (ls / n_classes) * (w.sum() * lse + (s * w).sum(-1))
+    loss = ce_reference.reduce(r._replace(loss=torch.where(r.valid, loss, 0.0)), o, z.dtype)[0]
+    p = torch.exp(ce_reference.capped(z, o.softcap) - r.lse[:, None])
+    onehot = torch.nn.functional.one_hot(safe, n_classes).to(z.dtype)
+    a, b = (t.abs() for t in ce_reference.scales(grad_loss, r.valid, r.target_weight, o, z.dtype))
+    g = a[:, None] * ((1.0 - ls) * r.target_weight[:, None] * (p + onehot) + (ls / n_classes) * (w.sum() * p + w))
+    g = g + b[:, None] * (2.0 * o.lse_square_scale) * lse[:, None] * p
+    return loss, torch.where(r.valid[:, None], g, 0.0)
+
+
+def term_scales(x, weight, target, bias, ce_weight, o, grad_loss):
+    """(loss, grad_x, grad_weight, grad_bias) scales for assert_close_to_scale
+    with x's dtype bounding the terms.  The logits z are a matmul in x's dtype,
+    each off by up to u|z| (u its rounding): the loss moves by up to
+    u |dloss/dz| |z| and each element of the logits' gradient g by
+    u |dg/dz| |z|, on top of the rounding of their own terms (_magnitudes);
+    g is rounded to x's dtype for the gradient matmuls, whose sums over
+    classes or rows can cancel far below their terms (two classes, or a bias
+    summed over rows).  Over those sums the terms' independent roundings add
+    in quadrature."""
+    x64, w64 = x.detach().double(), weight.detach().double()
+    z = reference.logits(x64, w64, None if bias is None else bias.detach().double())
+    cw = None if ce_weight is None else ce_weight.double()
+    grad_loss = grad_loss.double()
+
+    def loss_of(logits):
+        return ce_reference.forward(logits, target, cw, o)[0]
+
+    def grad_of(logits):
+        return torch.autograd.grad(loss_of(logits), logits, grad_loss, create_graph=True)[0]
+
+    size = z.numel()
+    moved_by = z.abs().reshape(size)
+    loss_terms, g_terms = _magnitudes(z, target, cw, o, grad_loss)
+    loss_scale = loss_terms + (torch.autograd.functional.jacobian(loss_of, z).abs().reshape(-1, size) @ moved_by)
+    hessian = torch.autograd.functional.jacobian(grad_of, z).abs().reshape(size, size)
+    g_square = (g_terms + (hessian @ moved_by).view_as(z)).square()
+    sums = (g_square @ w64.square(), g_square.t() @ x64.square(), g_square.sum(0))
+    return (loss_scale.reshape(loss_terms.shape), *(t.sqrt() for t in sums))
+
+
+def assert_matches_reference(loss, grads, x, weight, target, bias, ce_weight, o, grad_loss, what=""):
+    """loss (the compute dtype) and grads (x, weight and bias's dtypes) against
+    the float64 reference, each within its own dtype's bound on its value plus
+    x's dtype's bound on its terms (term_scales)."""
+    ref_loss, ref_grads = reference_grads(x, weight, target, bias, ce_weight, o, grad_loss)
+    scales = term_scales(x, weight, target, bias, ce_weight, o, grad_loss)
+    assert_close_to_scale(loss, ref_loss, scales[0], loss.dtype, what + "loss", x.dtype)
+    for got, want, scale, name in zip(grads, ref_grads, scales[1:], ("grad_x", "grad_weight", "grad_bias"),
+                                      strict=False):  # fmt: skip
+        assert_close_to_scale(got, want, scale, got.dtype, what + name, x.dtype)
 
 
 def _plan(rows: int, n_classes: int) -> plan.Plan:
@@ -55,24 +120,18 @@ def test_loss_and_gradients_match_float64_reference(
     grad_loss = torch.randn_like(loss)
     leaves = (x, weight) + ((bias,) if has_bias else ())
     grads = torch.autograd.grad(loss, leaves, grad_loss)
-    ref_loss, ref_grads = reference_grads(x, weight, target, bias, ce_weight, o, grad_loss)
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     assert loss.dtype == compute and lse.dtype == compute
-    # The logits are a matmul in x's dtype: the loss carries its rounding.
-    assert_close_to_ref(loss, ref_loss, dtype, "loss")
-    for got, want, leaf, what in zip(grads, ref_grads, leaves, ("grad_x", "grad_weight", "grad_bias"), strict=False):
-        assert got.dtype == leaf.dtype
-        assert_close_to_ref(got, want, dtype, what)
+    assert [g.dtype for g in grads] == [t.dtype for t in leaves]
+    assert_matches_reference(loss, grads, x, weight, target, bias, ce_weight, o, grad_loss)
     # The same through the launch sequence with a drawn chunk size.
     chunked = launch.forward(x.detach(), weight.detach(), target, None if bias is None else bias.detach(),
                              ce_weight, o, _plan(chunk, n_classes))  # fmt: skip
-    assert_close_to_ref(chunked[0], ref_loss, dtype, "chunked loss")
     mask = (True, True, has_bias)
     chunked_grads = launch.backward(grad_loss, x.detach(), weight.detach(), target, chunked[2],
                                     None if bias is None else bias.detach(), ce_weight, o, mask,
                                     _plan(chunk, n_classes))  # fmt: skip
-    for got, want, what in zip(chunked_grads, ref_grads, ("grad_x", "grad_weight", "grad_bias"), strict=False):
-        assert_close_to_ref(got, want, dtype, "chunked " + what)
+    assert_matches_reference(chunked[0], chunked_grads, x, weight, target, bias, ce_weight, o, grad_loss, "chunked ")
 
 
 def test_chunk_rows_follow_x_size_and_free_memory():
@@ -127,9 +186,7 @@ def test_mixed_dtypes_give_each_gradient_its_inputs_dtype():
     loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
     grads = torch.autograd.grad(loss, (x, weight, bias))
     assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
-    _, refs = reference_grads(x, weight, target, bias, None, Options(), torch.tensor(1.0))
-    for got, want in zip(grads, refs, strict=True):
-        assert_close_to_ref(got, want, torch.bfloat16)
+    assert_matches_reference(loss, grads, x, weight, target, bias, None, Options(), torch.tensor(1.0))
 
 
 def test_all_ignored_batch():
