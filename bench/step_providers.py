@@ -8,9 +8,10 @@
               is what ``apply_liger_kernel_to_llama/qwen2(rope=True)`` does,
               and each LlamaMLP / Qwen2MLP runs LigerSwiGLUMLP's forward (an
               instance attribute, what ``swiglu=True`` binds on a built
-              model), with the kernels this project does not route yet
-              (RMSNorm, fused linear cross entropy) left out so that the ops
-              both swap are the same
+              model), and each LlamaRMSNorm / Qwen2RMSNorm runs
+              LigerRMSNorm's (``rms_norm=True``), with fused linear
+              cross-entropy, which this project does not route yet, left out
+              so that the ops both swap are the same
     liger     ``liger_nn.apply_liger_ops(model)``
 
 ``apply(provider, model_name, net)`` patches and returns an undo callable;
@@ -110,6 +111,26 @@ def _upstream_swiglu(net: nn.Module) -> Callable[[], None]:
     return undo
 
 
+def _upstream_rms_norm(net: nn.Module) -> Callable[[], None]:
+    """Every LlamaRMSNorm / Qwen2RMSNorm of ``net`` runs upstream's LigerRMSNorm.forward, as
+    ``apply_liger_kernel_to_llama/qwen2(rms_norm=True)`` patches a built model's norms."""
+    try:
+        from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module
+    except Exception as e:  # noqa: BLE001
+        raise NotApplicable(f"liger_kernel not importable: {type(e).__name__}: {e}") from None
+    norms = [m for m in net.modules() if type(m).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm")]
+    saved = [dict(m.__dict__) for m in norms]
+    for m in norms:
+        _patch_rms_norm_module(m)
+
+    def undo() -> None:
+        for m, before in zip(norms, saved, strict=True):
+            m.__dict__.clear()
+            m.__dict__.update(before)
+
+    return undo
+
+
 def _liger(net: nn.Module) -> Callable[[], None]:
     from liger_nn import apply_liger_ops
 
@@ -131,12 +152,14 @@ def apply(provider: str, model: str, net: nn.Module) -> tuple[Callable[[], None]
         if model in LLM_MODELS:
             undo_rope = _upstream_rope(model)
             undo_mlp = _upstream_swiglu(net)
+            undo_norm = _upstream_rms_norm(net)
 
             def undo() -> None:
+                undo_norm()
                 undo_mlp()
                 undo_rope()
 
-            return undo, "liger_rotary_pos_emb and LigerSwiGLUMLP.forward"
+            return undo, "liger_rotary_pos_emb, LigerSwiGLUMLP.forward and LigerRMSNorm.forward"
         raise NotApplicable(f"no upstream equivalent for {model}")
     if provider == "liger":
         undo = _liger(net)

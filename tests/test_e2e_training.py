@@ -127,9 +127,11 @@ def test_patched_training_matches_unpatched(arch):
         assert patch.report.rope_modules == [f"transformers.models.{arch}.modeling_{arch}"], str(patch.report)
         with LigerOpCounter() as counter:
             got = train(model)
-    # The ops are what ran: one rope and one swiglu per layer forward, their backward ops per layer backward.
+    # The ops are what ran: one rope and one swiglu per layer forward, two rms_norms per layer and the
+    # final one, and their backward ops per backward.
+    norms = STEPS * (2 * LAYERS + 1)
     ops = {"rope": STEPS * LAYERS, "rope_backward": STEPS * LAYERS, "swiglu": STEPS * LAYERS,
-           "swiglu_backward": STEPS * LAYERS}  # fmt: skip
+           "swiglu_backward": STEPS * LAYERS, "rms_norm": norms, "rms_norm_backward": norms}  # fmt: skip
     assert counter.calls == ops, counter.calls
     assert len(set(want.losses)) == STEPS, f"the model did not train: {want.losses}"
     assert_same_training(got, want)

@@ -218,11 +218,11 @@ def test_rope_adapter_layouts_and_table_dtype(hf):
 def test_rope_left_alone_outside_allow_list_or_when_check_fails(hf, monkeypatch):
     modeling = hf.models.llama.modeling_llama
     model = _llama(hf)
-    with apply_liger_ops(model, rope_architectures=(), glu=False) as patch:
+    with apply_liger_ops(model, rope_architectures=(), glu=False, rms_norm=False) as patch:
         assert patch.report.replaced == []
         assert [r.target for r in patch.report.left_alone] == [f"{modeling.__name__}.apply_rotary_pos_emb"]
         assert "allow-list" in patch.report.left_alone[0].detail
-    with apply_liger_ops(model, rope=False, glu=False) as patch:
+    with apply_liger_ops(model, rope=False, glu=False, rms_norm=False) as patch:
         assert patch.report.replaced == [] and patch.report.left_alone == []
 
     def cos_only(q, k, cos, sin, unsqueeze_dim=1):  # right signature, other formula
@@ -417,15 +417,20 @@ def refusal_warnings(arch: str):
     return pytest.warns(liger_nn.LigerPatchWarning, match=f"'{arch}'.*differs")
 
 
-def glu_calls(report, steps: int, backward: bool = True) -> dict[str, int]:
-    """The swiglu / geglu calls ``steps`` forwards (and backwards) of the patched model make: one per
-    gated MLP swapped (apply_liger_ops' glu kind, tests/test_patching_glu.py)."""
+def module_calls(report, steps: int, backward: bool = True) -> dict[str, int]:
+    """The op calls ``steps`` forwards (and backwards) of the patched model make through its module
+    swaps: one per module swapped, each run once a forward (the gated MLPs' swiglu / geglu,
+    tests/test_patching_glu.py; rms_norm and layer_norm, tests/test_patching_norms.py)."""
     calls: dict[str, int] = {}
     for r in report.replaced:
         if r.kind == "glu":
             op = "swiglu" if r.detail.endswith("SwiGLUMLP") else "geglu"
-            for name in (op, f"{op}_backward") if backward else (op,):
-                calls[name] = calls.get(name, 0) + steps
+        elif r.kind in ("rms_norm", "layer_norm"):
+            op = r.kind
+        else:
+            continue
+        for name in (op, f"{op}_backward") if backward else (op,):
+            calls[name] = calls.get(name, 0) + steps
     return calls
 
 
@@ -451,7 +456,7 @@ def test_rope_of_each_architecture_runs_the_op(hf, name):
             got = model(**inputs).logits
     # One rope per attention layer: the text layer, and the vision block of the VL models.
     want_calls = {} if runs_what_transformers_4_refuses(name) else {"rope": 2 if TINY[name][2] else 1}
-    want_calls.update(glu_calls(patch.report, 1, backward=False))
+    want_calls.update(module_calls(patch.report, 1, backward=False))
     assert counter.calls == want_calls, counter.calls
     assert _rel(got, want) <= LOGITS_RTOL
 
@@ -541,7 +546,7 @@ def test_patched_training_matches_unpatched(hf, name):
             got = _train(model, name)
     layers = 2 if TINY[name][2] else 1
     want_calls = {"rope": TRAIN_STEPS * layers, "rope_backward": TRAIN_STEPS * layers}
-    assert counter.calls == {**want_calls, **glu_calls(patch.report, TRAIN_STEPS)}, counter.calls
+    assert counter.calls == {**want_calls, **module_calls(patch.report, TRAIN_STEPS)}, counter.calls
     assert_same_training(got, want)
 
 

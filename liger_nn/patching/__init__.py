@@ -35,6 +35,13 @@ What is replaced (each kind can be switched off; docs/patching.md has the tables
   ``GemmaMLP``, ...) becomes a ``liger_nn.SwiGLUMLP`` / ``GeGLUMLP`` holding
   the same Linear modules: the projections stay matmuls, the elementwise
   part is one ``swiglu`` / ``geglu`` call.  Per model.
+* ``rms_norm``: every submodule whose class name ends in ``RMSNorm`` with a
+  1-D ``weight`` and a float epsilon becomes a ``liger_nn.RMSNorm`` sharing
+  the weight, with the offset and casting mode whose reference reproduces
+  the class's own bfloat16 output bit for bit (Llama's, OLMo2's, Gemma's
+  ``1 + weight``).  Per model.
+* ``layer_norm``: every submodule whose class is exactly ``torch.nn.LayerNorm``
+  becomes a ``liger_nn.LayerNorm`` sharing its parameters.  Per model.
 
 Before anything is swapped, each candidate is checked numerically against its
 original on tiny float32 CPU inputs; a candidate that disagrees is left alone
@@ -48,7 +55,8 @@ One module per job: ``apply`` (the kinds in order), ``handle``, ``report``,
 ``checks``; rope's ``rope_table`` (the convention table), ``rope_dropin``,
 ``rope_check``, ``swap_rope``, ``global_swaps`` (the refcounted process-wide
 swap), ``bytecode_scan``, ``hf_modules``; the module swaps ``module_swaps``
-with one ``swap_<op>`` each (``swap_glu`` for the gated MLPs); the diffusers fusion ``fuse_group_norm_silu``.
+with one ``swap_<op>`` each (``swap_glu`` for the gated MLPs, ``swap_rms_norm`` and
+``swap_layer_norm`` for the row norms); the diffusers fusion ``fuse_group_norm_silu``.
 """
 
 from liger_nn.patching.apply import MODULE_RULES, apply_liger_ops

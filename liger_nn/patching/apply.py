@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from liger_nn.patching import swap_glu, swap_group_norm, swap_poly_norm
+from liger_nn.patching import swap_glu, swap_group_norm, swap_layer_norm, swap_poly_norm, swap_rms_norm
 from liger_nn.patching.fuse_group_norm_silu import fuse_resnet_blocks
 from liger_nn.patching.handle import LigerPatch
 from liger_nn.patching.module_swaps import ModuleRule, swap_modules
@@ -17,7 +17,13 @@ from liger_nn.patching.swap_rope import patch_rope
 
 # The module swaps, in the order a module is offered to them (the first that takes it as a
 # candidate decides); a new module-swapped op adds its swap_<op>.RULE here.
-MODULE_RULES: tuple[ModuleRule, ...] = (swap_group_norm.RULE, swap_poly_norm.RULE, swap_glu.RULE)
+MODULE_RULES: tuple[ModuleRule, ...] = (
+    swap_group_norm.RULE,
+    swap_poly_norm.RULE,
+    swap_rms_norm.RULE,
+    swap_layer_norm.RULE,
+    swap_glu.RULE,
+)
 
 
 def apply_liger_ops(
@@ -27,6 +33,8 @@ def apply_liger_ops(
     group_norm: bool = True,
     poly_norm: bool = True,
     glu: bool = True,
+    rms_norm: bool = True,
+    layer_norm: bool = True,
     rope_architectures: Iterable[str] = ROPE_ARCHITECTURES,
     group_norm_silu: bool = True,
 ) -> LigerPatch:
@@ -40,7 +48,13 @@ def apply_liger_ops(
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply_liger_ops expects an nn.Module, got {type(model).__name__}")
     handle = LigerPatch(model, PatchReport())
-    module_kinds = {"group_norm": group_norm, "poly_norm": poly_norm, "glu": glu}
+    module_kinds = {
+        "group_norm": group_norm,
+        "poly_norm": poly_norm,
+        "glu": glu,
+        "rms_norm": rms_norm,
+        "layer_norm": layer_norm,
+    }
     rules = [rule for rule in MODULE_RULES if module_kinds[rule.kind]]
     try:
         if rope:
