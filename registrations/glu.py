@@ -27,6 +27,7 @@ from csrc_free_ops.glu import launch, reference
 from registrations import _checks
 from registrations._library import (
     Entries,
+    Prepare,
     call_from_backward,
     define_op,
     register_autograd,
@@ -84,6 +85,13 @@ def _entries(forward: bool, activation: str) -> Entries:
     return Entries(cuda=cuda, npu=npu, interpreted=cuda, reference=ref)
 
 
+def _prepare(forward: bool, activation: str) -> Prepare:
+    """The CUDA entries' prepared forms with the op's activation bound."""
+    prepare = functools.partial(launch.prepare_cuda_forward if forward else launch.prepare_cuda_backward,
+                                activation=activation)  # fmt: skip
+    return Prepare(cuda=prepare, interpreted=prepare)
+
+
 def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload]:
     activation = ACTIVATION[name]
     forward = define_op(
@@ -91,12 +99,14 @@ def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload]:
         check=_checker(name),
         fake=_fake,
         entries=_entries(True, activation),
+        prepare=_prepare(True, activation),
     )
     backward = define_op(
         f"{name}_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)",
         check=_backward_checker(name),
         fake=_backward_fake,
         entries=_entries(False, activation),
+        prepare=_prepare(False, activation),
     )
 
     def setup_context(ctx, inputs, output) -> None:

@@ -20,6 +20,7 @@ from csrc_free_ops.layer_norm import launch, reference
 from registrations import _checks
 from registrations._library import (
     Entries,
+    Prepare,
     call_from_backward,
     define_op,
     register_autograd,
@@ -60,6 +61,7 @@ LAYER_NORM = define_op(
     entries=Entries(
         cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
     ),
+    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=launch.prepare_cuda_forward),
 )
 LAYER_NORM_BACKWARD = define_op(
     "layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, float eps)"
@@ -72,6 +74,7 @@ LAYER_NORM_BACKWARD = define_op(
         interpreted=launch.cuda_backward,
         reference=reference.backward,
     ),
+    prepare=Prepare(cuda=launch.prepare_cuda_backward, interpreted=launch.prepare_cuda_backward),
 )
 
 

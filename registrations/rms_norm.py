@@ -27,6 +27,7 @@ from csrc_free_ops.rms_norm.options import CASTING_MODES
 from registrations import _checks
 from registrations._library import (
     Entries,
+    Prepare,
     call_from_backward,
     define_op,
     register_autograd,
@@ -89,6 +90,7 @@ RMS_NORM = define_op(
     entries=Entries(
         cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
     ),
+    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=launch.prepare_cuda_forward),
 )
 RMS_NORM_BACKWARD = define_op(
     "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps, *, float offset=0.0,"
@@ -101,6 +103,7 @@ RMS_NORM_BACKWARD = define_op(
         interpreted=launch.cuda_backward,
         reference=reference.backward,
     ),
+    prepare=Prepare(cuda=launch.prepare_cuda_backward, interpreted=launch.prepare_cuda_backward),
 )
 
 

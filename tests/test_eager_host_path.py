@@ -70,6 +70,16 @@ def _cases():
     cos, sin = torch.randn(1, 16, 64, device=DEVICE), torch.randn(1, 16, 64, device=DEVICE)
     rope = eager_call(torch.ops.liger.rope)
     yield "rope", (lambda: rope(q, k, cos, sin)[0]), (q, k)
+    h = torch.randn(64, device=DEVICE, requires_grad=True)
+    hb = torch.randn(64, device=DEVICE, requires_grad=True)
+    rms_norm = eager_call(torch.ops.liger.rms_norm)
+    yield "rms_norm", (lambda: rms_norm(x, h, 1e-6)), (x, h)
+    layer_norm = eager_call(torch.ops.liger.layer_norm)
+    yield "layer_norm", (lambda: layer_norm(x, h, hb, 1e-5)), (x, h, hb)
+    gate = torch.randn(4, 64, device=DEVICE, requires_grad=True)
+    for name in ("swiglu", "geglu"):
+        glu = eager_call(getattr(torch.ops.liger, name))
+        yield name, (lambda glu=glu: glu(gate, x)), (gate, x)
 
 
 @pytest.fixture

@@ -4,7 +4,9 @@ them, with the op's activation):
 
 * ``cuda_forward`` / ``cuda_backward``: ``plan.cuda`` (also the CPU
   interpreter path);
-* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
+* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile;
+* ``prepare_cuda_forward`` / ``prepare_cuda_backward``: the CUDA entries'
+  prepared forms (registrations/eager.py), for contiguous tensors.
 
 Every tensor is read as (rows, last dim) with unit column stride and its
 own row stride, so the halves of a fused [gate | up] projection
@@ -17,6 +19,7 @@ Outputs are contiguous.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import triton.language as tl
@@ -103,6 +106,45 @@ def cuda_backward(
     grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return backward(grad_out, gate, up, activation, plan.cuda(*problem(grad_out, gate, up)))
+
+
+# --- Prepared calls (contiguous tensors: one row of every element), with the plan, launch and
+# scalars fixed for every call with the arguments' signature; None where the entry must run.
+
+
+def prepare_cuda_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> Callable | None:
+    if gate.numel() == 0 or not (gate.is_contiguous() and up.is_contiguous()):
+        return None
+    n = gate.numel()
+    p = plan.cuda(1, n)
+    launch = _launcher(False, p, p.walks_tiles(1, n), activation, _compute(gate, up)).bind(p.programs, (n, n, 1, n))
+    shape, dtype, device_ = gate.shape, reference.output_dtype(gate, up), gate.device
+
+    def run(gate, up):
+        y = torch.empty(shape, dtype=dtype, device=device_)
+        launch(gate, up, y)
+        return y
+
+    return run
+
+
+def prepare_cuda_backward(
+    grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
+) -> Callable | None:
+    if gate.numel() == 0 or not (grad_out.is_contiguous() and gate.is_contiguous() and up.is_contiguous()):
+        return None
+    n = gate.numel()
+    p = plan.cuda(1, n)
+    launcher = _launcher(True, p, p.walks_tiles(1, n), activation, _compute(gate, up))
+    launch = launcher.bind(p.programs, (n, n, n, 1, n))
+
+    def run(grad_out, gate, up):
+        dgate = torch.empty_like(gate)
+        dup = torch.empty_like(up)
+        launch(grad_out, gate, up, dgate, dup)
+        return dgate, dup
+
+    return run
 
 
 def _npu_plan(tensors: tuple[torch.Tensor, ...], outputs: tuple[torch.dtype, ...], backward: bool) -> Plan:

@@ -4,10 +4,13 @@ with the mean subtracted:
 
 * ``cuda_forward`` / ``cuda_backward``: the CUDA plan for the tensors' GPU
   (also the CPU interpreter path);
-* ``npu_forward`` / ``npu_backward``: the NPU plan for the Ascend profile.
+* ``npu_forward`` / ``npu_backward``: the NPU plan for the Ascend profile;
+* ``prepare_cuda_*``: the CUDA entries' prepared forms (registrations/eager.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -28,6 +31,16 @@ def cuda_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     return row_norm.backward(grad_out, x, weight, bias, _norm(eps), row_norm.cuda_plan(x, True))
+
+
+def prepare_cuda_forward(x, weight, bias, eps) -> Callable | None:
+    run = row_norm.prepared_forward(x, weight, bias, _norm(eps), row_norm.cuda_plan(x, False))
+    return None if run is None else (lambda x, weight, bias, eps: run(x, weight, bias))
+
+
+def prepare_cuda_backward(grad_out, x, weight, bias, eps) -> Callable | None:
+    run = row_norm.prepared_backward(grad_out, x, weight, bias, _norm(eps), row_norm.cuda_plan(x, True))
+    return None if run is None else (lambda grad_out, x, weight, bias, eps: run(grad_out, x, weight, bias))
 
 
 # triton-ascend compiles no float64: float64 on the NPU runs the pure-PyTorch reference there instead.

@@ -4,12 +4,17 @@ the entry of each RMSNorm dispatch key (registrations/rms_norm.py binds them):
 
 * ``cuda_forward`` / ``cuda_backward``: ``plan.cuda`` for the tensors' GPU
   (also the CPU interpreter path, which sizes grids by ``device.CPU_PROGRAMS``);
-* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile.
+* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile;
+* ``prepare_*``: each entry's prepared form (registrations/eager.py), the
+  same launches with the plan, launchers and scalars fixed for every call
+  with the arguments' signature (``prepared_forward`` / ``prepared_backward``,
+  shared with LayerNorm).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -160,6 +165,73 @@ def backward(
     return dx, dweight, dbias
 
 
+# --- Prepared calls: what forward and backward work out from a signature, done once.
+# A prepared run keeps no tensor: only sizes, the plan and bound launches.  It takes the
+# sequence's own arguments (x, weight, bias): each op's entry adapts its schema to them.
+
+
+def _all_contiguous(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or t.is_contiguous() for t in tensors)
+
+
+def prepared_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, norm: RowNorm,
+                     p: Plan) -> Callable | None:  # fmt: skip
+    """run(x, weight, bias) -> y, or None where the general sequence must run (no rows, strided tensors)."""
+    n_rows, n_cols = sizes(x)
+    if n_rows == 0 or not _all_contiguous(x, weight, bias):
+        return None
+    has_w, has_b = weight is not None, bias is not None
+    launcher = _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0], norm, has_w, has_b, False)
+    launch = launcher.bind(p.programs, (n_cols, 1, n_cols, n_rows, n_cols))
+
+    def run(x, weight, bias):
+        y = torch.empty_like(x)
+        launch(x, weight if has_w else y, bias if has_b else y, y)
+        return y
+
+    return run
+
+
+def prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, norm: RowNorm, p: Plan) -> Callable | None:  # fmt: skip
+    """run(grad_out, x, weight, bias) -> (dx, dweight, dbias), or None as ``prepared_forward``.
+    Tile plans only: the blocked kernel's zeroed partials stay with the general sequence."""
+    n_rows, n_cols = sizes(x)
+    if n_rows == 0 or not p.whole_rows or not _all_contiguous(grad_out, x, weight, bias):
+        return None
+    compute, partial_dtype = _compute(x)
+    has_w, has_b = weight is not None, bias is not None
+    w_dtype, b_dtype, device_ = weight.dtype if has_w else None, bias.dtype if has_b else None, x.device
+    direct = p.programs == 1
+    tile = _launcher(True, p, True, compute, norm, has_w, has_b, direct).bind(
+        p.programs, (n_cols, 1, n_cols, 1, n_cols, n_rows, n_cols)
+    )
+    reduce = None
+    if not direct and (has_w or has_b):
+        block_p = min(next_pow2(p.programs), MAX_REDUCE_BLOCK)
+        reduce = _reduce_launcher(has_w, has_b, block_p, p.num_warps).bind(
+            cdiv(n_cols, REDUCE_COLUMNS), (p.programs, n_cols, p.block_n)
+        )
+    partials_shape = (p.programs, p.block_n)
+
+    def run(grad_out, x, weight, bias):
+        dx = torch.empty_like(x)
+        dweight = torch.empty(n_cols, dtype=w_dtype, device=device_) if has_w else None
+        dbias = torch.empty(n_cols, dtype=b_dtype, device=device_) if has_b else None
+        outs = (dx if dweight is None else dweight, dx if dbias is None else dbias)
+        if direct:
+            tile(grad_out, x, weight if has_w else dx, dx, dx, dx, *outs)
+            return dx, dweight, dbias
+        dw_partials = torch.empty(partials_shape, dtype=partial_dtype, device=device_) if has_w else dx
+        db_partials = torch.empty(partials_shape, dtype=partial_dtype, device=device_) if has_b else dx
+        tile(grad_out, x, weight if has_w else dx, dx, dw_partials, db_partials, *outs)
+        if reduce is not None:
+            reduce(dw_partials, db_partials, *outs)
+        return dx, dweight, dbias
+
+    return run
+
+
 # --- Device entries shared with LayerNorm
 
 
@@ -195,6 +267,21 @@ def cuda_backward(
     norm = RowNorm.rms(Options(eps, offset, casting_mode))
     dx, dweight, _ = backward(grad_out, x, weight, None, norm, cuda_plan(x, True))
     return dx, dweight
+
+
+def prepare_cuda_forward(x, weight, eps, offset, casting_mode) -> Callable | None:
+    run = prepared_forward(x, weight, None, RowNorm.rms(Options(eps, offset, casting_mode)), cuda_plan(x, False))
+    return None if run is None else (lambda x, weight, eps, offset, casting_mode: run(x, weight, None))
+
+
+def prepare_cuda_backward(grad_out, x, weight, eps, offset, casting_mode) -> Callable | None:
+    norm = RowNorm.rms(Options(eps, offset, casting_mode))
+    run = prepared_backward(grad_out, x, weight, None, norm, cuda_plan(x, True))
+    return (
+        None
+        if run is None
+        else (lambda grad_out, x, weight, eps, offset, casting_mode: run(grad_out, x, weight, None)[:2])
+    )
 
 
 # triton-ascend compiles no float64 ("[fp8, fp64] is unsupported on Ascend", the Ascend compile
