@@ -21,6 +21,8 @@ Sizes (the full configs; ``tiny`` shrinks every model for the CPU smoke test):
   8 layers, hidden 2048, head_dim 128, intermediate 5632, vocab 32000, SDPA
   attention; Llama with 16 query and 16 key/value heads (MHA), Qwen2 with 16
   query and 4 key/value heads (GQA); loss from ``labels=input_ids``.
+* ``llama3``: ``llama`` with Llama 3's vocabulary (128256), where the logits
+  are the step's largest activation.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODELS = ("unet", "vae", "resnet", "llama", "qwen2")
+MODELS = ("unet", "vae", "resnet", "llama", "qwen2", "llama3")
 # Models whose GroupNorms the layout option (channels_last) and the upstream LigerGroupNorm swap apply to.
 CONV_MODELS = ("unet", "vae", "resnet")
-LLM_MODELS = ("llama", "qwen2")
+LLM_MODELS = ("llama", "qwen2", "llama3")
+# Each LLM's transformers architecture.
+LLM_ARCH = {"llama": "llama", "qwen2": "qwen2", "llama3": "llama"}
 
 
 class ModelUnavailable(RuntimeError):
@@ -63,6 +67,7 @@ CASES = {
     ),
     "llama": Case("llama", ((2, 4096), (8, 512)), ((8, 512),), ((1, 8),)),
     "qwen2": Case("qwen2", ((2, 4096), (8, 512)), ((8, 512),), ((1, 8),)),
+    "llama3": Case("llama3", ((2, 4096), (8, 512)), ((2, 4096),), ((1, 8),)),
 }
 
 
@@ -149,14 +154,16 @@ def _llm(model: str, tiny: bool) -> nn.Module:
 
     if tiny:
         dims = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128)
-        kv = 2 if model == "llama" else 1
+        kv = 1 if model == "qwen2" else 2
     else:
         dims = dict(
             hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16, vocab_size=32000
         )
-        kv = 16 if model == "llama" else 4
+        if model == "llama3":
+            dims["vocab_size"] = 128256
+        kv = 4 if model == "qwen2" else 16
     common = dict(dims, num_key_value_heads=kv, max_position_embeddings=4096, tie_word_embeddings=False)
-    if model == "llama":
+    if LLM_ARCH[model] == "llama":
         config = transformers.LlamaConfig(**common)
         cls = transformers.LlamaForCausalLM
     else:

@@ -8,10 +8,10 @@
               is what ``apply_liger_kernel_to_llama/qwen2(rope=True)`` does,
               and each LlamaMLP / Qwen2MLP runs LigerSwiGLUMLP's forward (an
               instance attribute, what ``swiglu=True`` binds on a built
-              model), and each LlamaRMSNorm / Qwen2RMSNorm runs
-              LigerRMSNorm's (``rms_norm=True``), with fused linear
-              cross-entropy, which this project does not route yet, left out
-              so that the ops both swap are the same
+              model), each LlamaRMSNorm / Qwen2RMSNorm runs LigerRMSNorm's
+              (``rms_norm=True``), and the model's forward is upstream's
+              ``lce_forward`` (``fused_linear_cross_entropy=True``): every op
+              both libraries swap in these models
     liger     ``liger_nn.apply_liger_ops(model)``
 
 ``apply(provider, model_name, net)`` patches and returns an undo callable;
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from bench.step_models import CONV_MODELS, LLM_MODELS
+from bench.step_models import CONV_MODELS, LLM_ARCH, LLM_MODELS
 
 PROVIDERS = ("native", "upstream", "liger")
 
@@ -82,7 +82,7 @@ def _upstream_rope(model: str) -> Callable[[], None]:
         from liger_kernel.transformers.rope import liger_rotary_pos_emb
     except Exception as e:  # noqa: BLE001
         raise NotApplicable(f"liger_kernel not importable: {type(e).__name__}: {e}") from None
-    module = importlib.import_module(_LLM_MODULES[model])
+    module = importlib.import_module(_LLM_MODULES[LLM_ARCH[model]])
     original = module.apply_rotary_pos_emb
     module.apply_rotary_pos_emb = liger_rotary_pos_emb
 
@@ -131,6 +131,23 @@ def _upstream_rms_norm(net: nn.Module) -> Callable[[], None]:
     return undo
 
 
+def _upstream_fused_loss(model: str, net: nn.Module) -> Callable[[], None]:
+    """The model's forward is upstream's ``lce_forward`` (an instance attribute), what
+    ``apply_liger_kernel_to_llama/qwen2(fused_linear_cross_entropy=True)`` binds on a built model."""
+    import types
+
+    try:
+        lce_forward = importlib.import_module(f"liger_kernel.transformers.model.{LLM_ARCH[model]}").lce_forward
+    except Exception as e:  # noqa: BLE001
+        raise NotApplicable(f"liger_kernel not importable: {type(e).__name__}: {e}") from None
+    net.forward = types.MethodType(lce_forward, net)
+
+    def undo() -> None:
+        del net.forward
+
+    return undo
+
+
 def _liger(net: nn.Module) -> Callable[[], None]:
     from liger_nn import apply_liger_ops
 
@@ -153,13 +170,15 @@ def apply(provider: str, model: str, net: nn.Module) -> tuple[Callable[[], None]
             undo_rope = _upstream_rope(model)
             undo_mlp = _upstream_swiglu(net)
             undo_norm = _upstream_rms_norm(net)
+            undo_loss = _upstream_fused_loss(model, net)
 
             def undo() -> None:
+                undo_loss()
                 undo_norm()
                 undo_mlp()
                 undo_rope()
 
-            return undo, "liger_rotary_pos_emb, LigerSwiGLUMLP.forward and LigerRMSNorm.forward"
+            return undo, "liger_rotary_pos_emb, LigerSwiGLUMLP.forward, LigerRMSNorm.forward and lce_forward"
         raise NotApplicable(f"no upstream equivalent for {model}")
     if provider == "liger":
         undo = _liger(net)

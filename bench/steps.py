@@ -1,6 +1,6 @@
 """Whole training steps of real models, per provider and mode.
 
-    python -m bench.steps [--models unet,vae,resnet,llama,qwen2] [--providers native,upstream,liger]
+    python -m bench.steps [--models unet,vae,resnet,llama,qwen2,llama3] [--providers native,upstream,liger]
                           [--modes eager,compile,reduce-overhead] [--layout contiguous,channels_last]
                           [--rounds 7] [--steps 5] [--warmup 3] [--all-shapes] [--quick]
                           [--device cuda|cpu] [--tiny] [--host-profile] [--out bench/out/steps]
@@ -89,16 +89,16 @@ EXTRA_SHAPES = {"unet": ((8,),)}
 
 # H200 costs for the run-time estimate, per provider, from the first H200 run (torch 2.11, Triton 3.6;
 # warmup_s and ms in steps.json).  BUILD_S: building the model, the peak-memory step and the profiler run
-# (resnet ~5 s, llama ~12 s measured; unet, vae guesses).  EAGER_S: eager warm-up, i.e. Triton's JIT of
+# (resnet ~5 s, llama ~12 s measured; unet, vae and llama3 guesses).  EAGER_S: eager warm-up, i.e. Triton's JIT of
 # the swapped kernels (resnet: native 1.1, upstream 14.6, liger 2.5 s; llama: 3.0, 1.5, 1.3 s).  COMPILE_S:
 # compile and (reduce-overhead) CUDA-graph recording: resnet measured under reduce-overhead (native 22,
 # upstream 32, liger 7 s); llama is a lower bound (three providers did not finish compiling within ~75 s);
 # unet and vae are not measured yet.  STEP_MS: eager ms per step per batch element (resnet 2.0-2.4, llama
 # 4.8-6.3 measured).
-BUILD_S = {"unet": 15.0, "vae": 10.0, "resnet": 5.0, "llama": 12.0, "qwen2": 12.0}
-EAGER_S = {"unet": 20.0, "vae": 15.0, "resnet": 6.0, "llama": 2.0, "qwen2": 2.0}
-COMPILE_S = {"unet": 90.0, "vae": 60.0, "resnet": 20.0, "llama": 45.0, "qwen2": 45.0}
-STEP_MS = {"unet": 25.0, "vae": 20.0, "resnet": 2.4, "llama": 6.0, "qwen2": 6.0}
+BUILD_S = {"unet": 15.0, "vae": 10.0, "resnet": 5.0, "llama": 12.0, "qwen2": 12.0, "llama3": 14.0}
+EAGER_S = {"unet": 20.0, "vae": 15.0, "resnet": 6.0, "llama": 2.0, "qwen2": 2.0, "llama3": 2.0}
+COMPILE_S = {"unet": 90.0, "vae": 60.0, "resnet": 20.0, "llama": 45.0, "qwen2": 45.0, "llama3": 45.0}
+STEP_MS = {"unet": 25.0, "vae": 20.0, "resnet": 2.4, "llama": 6.0, "qwen2": 6.0, "llama3": 9.0}
 
 
 @dataclass

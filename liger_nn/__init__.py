@@ -2,6 +2,7 @@
 with the signatures of the layers they replace."""
 
 import registrations  # noqa: F401  (defines torch.ops.liger.*)
+from liger_nn.causal_lm_loss import causal_lm_loss
 from liger_nn.glu import GeGLUMLP, SwiGLUMLP, geglu, swiglu
 from liger_nn.group_norm import GroupNorm
 from liger_nn.hf_rotary import (
@@ -33,6 +34,7 @@ __all__ = [
     "apply_rotary_pos_emb_interleave",
     "apply_rotary_pos_emb_interleaved",
     "apply_rotary_pos_emb_vision",
+    "causal_lm_loss",
     "geglu",
     "swiglu",
 ]

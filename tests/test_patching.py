@@ -218,11 +218,13 @@ def test_rope_adapter_layouts_and_table_dtype(hf):
 def test_rope_left_alone_outside_allow_list_or_when_check_fails(hf, monkeypatch):
     modeling = hf.models.llama.modeling_llama
     model = _llama(hf)
-    with apply_liger_ops(model, rope_architectures=(), glu=False, rms_norm=False) as patch:
+    with apply_liger_ops(
+        model, rope_architectures=(), glu=False, rms_norm=False, fused_linear_cross_entropy=False
+    ) as patch:
         assert patch.report.replaced == []
         assert [r.target for r in patch.report.left_alone] == [f"{modeling.__name__}.apply_rotary_pos_emb"]
         assert "allow-list" in patch.report.left_alone[0].detail
-    with apply_liger_ops(model, rope=False, glu=False, rms_norm=False) as patch:
+    with apply_liger_ops(model, rope=False, glu=False, rms_norm=False, fused_linear_cross_entropy=False) as patch:
         assert patch.report.replaced == [] and patch.report.left_alone == []
 
     def cos_only(q, k, cos, sin, unsqueeze_dim=1):  # right signature, other formula
@@ -420,12 +422,15 @@ def refusal_warnings(arch: str):
 def module_calls(report, steps: int, backward: bool = True) -> dict[str, int]:
     """The op calls ``steps`` forwards (and backwards) of the patched model make through its module
     swaps: one per module swapped, each run once a forward (the gated MLPs' swiglu / geglu,
-    tests/test_patching_glu.py; rms_norm and layer_norm, tests/test_patching_norms.py)."""
+    tests/test_patching_glu.py; rms_norm and layer_norm, tests/test_patching_norms.py), and the
+    routed loss once a training step (tests/test_patching_causal_lm_loss.py)."""
     calls: dict[str, int] = {}
     for r in report.replaced:
         if r.kind == "glu":
             op = "swiglu" if r.detail.endswith("SwiGLUMLP") else "geglu"
         elif r.kind in ("rms_norm", "layer_norm"):
+            op = r.kind
+        elif r.kind == "fused_linear_cross_entropy" and backward:  # training steps with labels only
             op = r.kind
         else:
             continue

@@ -89,7 +89,7 @@ def test_patched_rms_norms_train_like_the_model_as_is_in_float64(arch):
     want = train(in_float64(model, cls, offset))
     originals = rms_norms(model, cls)
     assert len(originals) == per_layer * LAYERS + 1  # and the final norm
-    with apply_liger_ops(model, rope=False, glu=False) as patch:
+    with apply_liger_ops(model, rope=False, glu=False, fused_linear_cross_entropy=False) as patch:
         swapped = {r.target: r.detail for r in patch.report.replaced if r.kind == "rms_norm"}
         detail = f"{cls} (offset={offset}, casting_mode={casting_mode!r})"
         assert swapped == dict.fromkeys(originals, detail), str(patch.report)
@@ -108,7 +108,7 @@ def test_patched_layer_norms_train_like_the_model_as_is_in_float64():
     want = train(copy.deepcopy(model))
     originals = {name: m for name, m in model.named_modules() if type(m) is nn.LayerNorm}
     assert len(originals) == 2 * LAYERS + 1
-    with apply_liger_ops(model, rope=False, glu=False) as patch:
+    with apply_liger_ops(model, rope=False, glu=False, fused_linear_cross_entropy=False) as patch:
         assert sorted(r.target for r in patch.report.replaced if r.kind == "layer_norm") == sorted(originals)
         assert all(type(model.get_submodule(name)) is LayerNorm for name in originals)
         with LigerOpCounter() as counter:

@@ -48,7 +48,7 @@ for step in "$@"; do
     probe_nhwc)
       run_step probe_nhwc python3 -m bench.lab.probe_group_norm_nhwc --out "$RESULTS/probe_nhwc.md" ;;
     steps_llm)
-      run_step steps_llm python3 -m bench.steps --models llama,qwen2 --modes eager --quick --rounds 5 \
+      run_step steps_llm python3 -m bench.steps --models llama,qwen2,llama3 --modes eager,compile --quick --rounds 5 \
         --out "$RESULTS/steps_llm" ;;
     steps_diffusion)
       run_step steps_diffusion python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 5 \

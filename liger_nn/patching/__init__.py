@@ -42,6 +42,10 @@ What is replaced (each kind can be switched off; docs/patching.md has the tables
   ``1 + weight``).  Per model.
 * ``layer_norm``: every submodule whose class is exactly ``torch.nn.LayerNorm``
   becomes a ``liger_nn.LayerNorm`` sharing its parameters.  Per model.
+* ``fused_linear_cross_entropy``: the loss of every ``*ForCausalLM`` of an
+  architecture in ``LOSS_ARCHITECTURES``: training steps with labels run the
+  base model, then the fused loss on the hidden states and the LM head, and
+  return no logits (``liger_nn.causal_lm_loss``).  Per model.
 
 Before anything is swapped, each candidate is checked numerically against its
 original on tiny float32 CPU inputs; a candidate that disagrees is left alone
@@ -56,7 +60,8 @@ One module per job: ``apply`` (the kinds in order), ``handle``, ``report``,
 ``rope_check``, ``swap_rope``, ``global_swaps`` (the refcounted process-wide
 swap), ``bytecode_scan``, ``hf_modules``; the module swaps ``module_swaps``
 with one ``swap_<op>`` each (``swap_glu`` for the gated MLPs, ``swap_rms_norm`` and
-``swap_layer_norm`` for the row norms); the diffusers fusion ``fuse_group_norm_silu``.
+``swap_layer_norm`` for the row norms); the loss's ``swap_causal_lm_loss``; the
+diffusers fusion ``fuse_group_norm_silu``.
 """
 
 from liger_nn.patching.apply import MODULE_RULES, apply_liger_ops

@@ -13,6 +13,7 @@ from liger_nn.patching.handle import LigerPatch
 from liger_nn.patching.module_swaps import ModuleRule, swap_modules
 from liger_nn.patching.report import LigerPatchWarning, PatchReport
 from liger_nn.patching.rope_table import ROPE_ARCHITECTURES
+from liger_nn.patching.swap_causal_lm_loss import patch_causal_lm_loss
 from liger_nn.patching.swap_rope import patch_rope
 
 # The module swaps, in the order a module is offered to them (the first that takes it as a
@@ -35,6 +36,7 @@ def apply_liger_ops(
     glu: bool = True,
     rms_norm: bool = True,
     layer_norm: bool = True,
+    fused_linear_cross_entropy: bool = True,
     rope_architectures: Iterable[str] = ROPE_ARCHITECTURES,
     group_norm_silu: bool = True,
 ) -> LigerPatch:
@@ -61,6 +63,8 @@ def apply_liger_ops(
             patch_rope(model, frozenset(rope_architectures), handle)
         if rules:
             swap_modules(model, rules, handle)
+        if fused_linear_cross_entropy:
+            patch_causal_lm_loss(model, handle)
         if group_norm_silu:
             fuse_resnet_blocks(model, handle)
     except BaseException:
