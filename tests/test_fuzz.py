@@ -30,6 +30,7 @@ from csrc_free_ops.rope import RopeOptions
 from csrc_free_ops.rope import reference as rope_reference
 from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, assert_close_to_scale, compute_dtype
 from tests.rope_cases import reference_variant_grads
+from tests.row_norm_cases import assert_matches as assert_row_norm_matches
 from tests.test_group_norm import dx_term_scale, param_grad_term_scales
 from tests.test_group_norm import reference_grads as group_norm_reference_grads
 from tests.test_poly_norm import assert_grads_close as assert_poly_norm_grads_close
@@ -150,6 +151,44 @@ def _check_poly_norm_grads(grads, refs, x, weight, dy, eps) -> None:
         return
     assert grads[0].shape == x.shape
     assert not grads[1].any() and not grads[2].any(), "dweight/dbias of no rows must be 0"
+
+
+# --- rms_norm, layer_norm and their backward ops (through autograd)
+
+# rms_norm's (offset, casting_mode) conventions: Llama's, Gemma's, OLMo2's.
+RMS_CONVENTIONS = ((0.0, "llama"), (1.0, "gemma"), (0.0, "gemma"))
+
+
+@_fuzz(ci_examples=12)
+@given(data=st.data(), seed=seeds)
+def test_row_norms(data, seed):
+    draw = data.draw
+    op = draw(st.sampled_from(["rms_norm", "layer_norm"]))
+    lead = _with_a_zero(draw, draw(st.lists(st.integers(1, 3), max_size=3)))
+    shape = (*lead, draw(st.integers(1, 40)))
+    x_dtype, w_dtype, b_dtype = (draw(dtypes) for _ in range(3))
+    has_weight, has_bias = draw(st.booleans()), op == "layer_norm" and draw(st.booleans())
+    eps = draw(st.sampled_from([1e-6, 1e-5, 1e-2]))
+    rand = _random(seed)
+    x = _make(rand, shape, x_dtype, draw(st.sampled_from(LAYOUTS))).requires_grad_()
+    weight = rand(shape[-1:], w_dtype).requires_grad_() if has_weight else None
+    bias = rand(shape[-1:], b_dtype).requires_grad_() if has_bias else None
+    dy = _make(rand, shape, x_dtype, draw(st.sampled_from(LAYOUTS)))
+    if op == "rms_norm":
+        offset, casting_mode = draw(st.sampled_from(RMS_CONVENTIONS if has_weight else RMS_CONVENTIONS[::2]))
+        y = torch.ops.liger.rms_norm(x, weight, eps, offset=offset, casting_mode=casting_mode)
+        center, round_normed = False, casting_mode == "llama"
+    else:
+        y = torch.ops.liger.layer_norm(x, weight, bias, eps)
+        offset, center, round_normed = 0.0, True, False
+    present = [t for t in (x, weight, bias) if t is not None]
+    got = iter(torch.autograd.grad(y, present, dy))
+    grads = tuple(None if t is None else next(got) for t in (x, weight, bias))
+    if x.numel():
+        assert_row_norm_matches(y, grads, x, weight, bias, dy, eps, offset, center, round_normed)
+        return
+    assert y.shape == x.shape and grads[0].shape == x.shape
+    assert all(g is None or not g.any() for g in grads[1:]), "parameter gradients of no rows must be 0"
 
 
 # --- swiglu, geglu and their backward ops
