@@ -68,11 +68,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# Issue 17's tiny inputs (dtype from --dtype).
+# Each op's tiny input (dtype from --dtype): a few rows, so the device work is negligible.
 TINY = {
     "poly_norm": {"M": 4, "H": 64},
     "rope": {"B": 1, "T": 16, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 64},
     "group_norm": {"M": 2, "C": 8, "H": 16, "num_groups": 4},
+    "rms_norm": {"M": 4, "H": 64},
+    "layer_norm": {"M": 4, "H": 64},
+    "swiglu": {"T": 4, "F": 64},
+    "geglu": {"T": 4, "F": 64},
 }
 PROVIDER_PATHS = ("liger", "fast", "liger_kernel", "compile", "torch")
 YARDSTICKS = ("native", "floor")
@@ -187,6 +191,10 @@ def _fast(op: str, liger: Any) -> Any:
     elif op == "group_norm":
         groups = TINY["group_norm"]["num_groups"]
         fn = lambda x, w, b: call(x, groups, w, b, providers.GROUP_NORM_EPS)  # noqa: E731
+    elif op == "rms_norm":
+        fn = lambda x, w: call(x, w, providers.ROW_NORM_EPS)  # noqa: E731
+    elif op == "layer_norm":
+        fn = lambda x, w, b: call(x, w, b, providers.ROW_NORM_EPS)  # noqa: E731
     else:
         fn = call
     return providers.Built(fn, liger.args, liger.grad_inputs)
@@ -381,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15, help="rounds")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     p.add_argument("--dtype", default=None, help="input dtype (default bfloat16 on cuda, float32 on cpu)")
-    p.add_argument("--ops", default="poly_norm,rope,group_norm")
+    p.add_argument("--ops", default="poly_norm,rope,group_norm,rms_norm,layer_norm,swiglu,geglu")
     p.add_argument("--paths", default=",".join(PATHS), help="comma list of " + ", ".join(PATHS))
     p.add_argument("--steps", default=None, choices=("on", "off"), help="compiled steps (default: on with CUDA)")
     p.add_argument("--step-iters", type=int, default=50, help="compiled steps per step kind per round")
