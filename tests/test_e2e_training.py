@@ -92,6 +92,26 @@ def run_steps(model: torch.nn.Module, batches, opt: torch.optim.Optimizer, step_
     return out
 
 
+# Float64 kernels against float64 torch: a patched model's trajectory against the model as is.
+FLOAT64_RTOL = 1e-10
+
+
+def _rel64(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+
+
+def assert_same_float64_training(got: Trajectory, want: Trajectory) -> None:
+    """Losses, gradients and final parameters within FLOAT64_RTOL, after a reference that trained."""
+    assert len(set(want.losses)) == len(want.losses), f"the model did not train: {want.losses}"
+    for step, (loss, ref) in enumerate(zip(got.losses, want.losses, strict=True)):
+        assert math.isfinite(loss) and abs(loss - ref) <= FLOAT64_RTOL * abs(ref), f"step {step}: {loss!r} vs {ref!r}"
+        assert got.grads[step].keys() == want.grads[step].keys(), f"step {step}: parameters with gradients differ"
+        for name, ref_grad in want.grads[step].items():
+            assert _rel64(got.grads[step][name], ref_grad) <= FLOAT64_RTOL, f"step {step}: gradient of {name}"
+    for name, ref_p in want.params.items():
+        assert _rel64(got.params[name], ref_p) <= FLOAT64_RTOL, f"parameter {name} after training"
+
+
 def assert_same_training(got: Trajectory, want: Trajectory) -> None:
     assert len(got.losses) == len(want.losses)
     for step, (loss, ref_loss) in enumerate(zip(got.losses, want.losses, strict=True)):

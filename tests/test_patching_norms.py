@@ -8,7 +8,6 @@ originals, and look-alikes the swaps cannot take are reported, not touched."""
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 
 import pytest
@@ -17,7 +16,7 @@ from torch import nn
 
 from liger_nn import LayerNorm, RMSNorm, apply_liger_ops
 from tests.helpers import DEVICE, LigerOpCounter
-from tests.test_e2e_training import _CONFIG_KWARGS, LAYERS, STEPS, train
+from tests.test_e2e_training import _CONFIG_KWARGS, LAYERS, STEPS, assert_same_float64_training, train
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,8 +27,6 @@ RMS_ARCHS = {
     "gemma": ("GemmaConfig", "GemmaRMSNorm", 1.0, "gemma", 2),
     "olmo2": ("Olmo2Config", "Olmo2RMSNorm", 0.0, "gemma", 4),  # post-attention, post-feedforward, q_norm, k_norm
 }
-# float64 kernels against float64 torch.
-RTOL = 1e-10
 
 
 class Float64RMSNorm(nn.Module):
@@ -67,21 +64,6 @@ def in_float64(model: nn.Module, class_name: str, offset: float) -> nn.Module:
     return model
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
-
-
-def assert_same_training(got, want) -> None:
-    assert len(set(want.losses)) == STEPS, f"the model did not train: {want.losses}"
-    for step, (loss, ref) in enumerate(zip(got.losses, want.losses, strict=True)):
-        assert math.isfinite(loss) and abs(loss - ref) <= RTOL * abs(ref), f"step {step}: {loss!r} vs {ref!r}"
-        assert got.grads[step].keys() == want.grads[step].keys()
-        for name, ref_grad in want.grads[step].items():
-            assert _rel(got.grads[step][name], ref_grad) <= RTOL, f"step {step}: gradient of {name}"
-    for name, ref_p in want.params.items():
-        assert _rel(got.params[name], ref_p) <= RTOL, f"parameter {name} after training"
-
-
 @pytest.mark.parametrize("arch", sorted(RMS_ARCHS))
 def test_patched_rms_norms_train_like_the_model_as_is_in_float64(arch):
     config_name, cls, offset, casting_mode, per_layer = RMS_ARCHS[arch]
@@ -100,7 +82,7 @@ def test_patched_rms_norms_train_like_the_model_as_is_in_float64(arch):
             got = train(model)
     assert counter.calls == {"rms_norm": STEPS * len(originals), "rms_norm_backward": STEPS * len(originals)}
     assert all(model.get_submodule(name) is old for name, old in originals.items())  # removed
-    assert_same_training(got, want)
+    assert_same_float64_training(got, want)
 
 
 def test_patched_layer_norms_train_like_the_model_as_is_in_float64():
@@ -116,7 +98,7 @@ def test_patched_layer_norms_train_like_the_model_as_is_in_float64():
     n = STEPS * len(originals)
     assert counter.calls == {"layer_norm": n, "layer_norm_backward": n}, counter.calls
     assert all(model.get_submodule(name) is old for name, old in originals.items())
-    assert_same_training(got, want)
+    assert_same_float64_training(got, want)
 
 
 class NotAnRMSNorm(nn.Module):

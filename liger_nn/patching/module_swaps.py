@@ -36,6 +36,25 @@ class ModuleRule:
     check: Callable[[nn.Module], None] | None = None
 
 
+def exact_class_rule(kind: str, torch_class: type[nn.Module], drop_in: type[nn.Module],
+                     build: Callable[[nn.Module], nn.Module]) -> ModuleRule:  # fmt: skip
+    """The rule of a drop-in for one torch class: modules of exactly that class are swapped,
+    its subclasses (whose forward may differ) are reported; no numerical check."""
+
+    def is_candidate(module: nn.Module) -> bool:
+        return isinstance(module, torch_class)
+
+    def refusal(module: nn.Module) -> str | None:
+        if type(module) is not torch_class:
+            return f"{type(module).__qualname__} subclasses nn.{torch_class.__name__}"
+        return None
+
+    def describe(module: nn.Module) -> str:
+        return f"nn.{module!r}"
+
+    return ModuleRule(kind, drop_in, is_candidate, refusal, build, describe)
+
+
 def set_submodule(root: nn.Module, qualname: str, new: nn.Module) -> None:
     parent_name, _, child = qualname.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root

@@ -7,17 +7,7 @@ from __future__ import annotations
 from torch import nn
 
 from liger_nn.group_norm import GroupNorm
-from liger_nn.patching.module_swaps import ModuleRule
-
-
-def _is_candidate(module: nn.Module) -> bool:
-    return isinstance(module, nn.GroupNorm)
-
-
-def _refusal(module: nn.Module) -> str | None:
-    if type(module) is not nn.GroupNorm:
-        return f"{type(module).__qualname__} subclasses nn.GroupNorm"
-    return None
+from liger_nn.patching.module_swaps import exact_class_rule
 
 
 def _build(old: nn.GroupNorm) -> GroupNorm:
@@ -29,8 +19,4 @@ def _build(old: nn.GroupNorm) -> GroupNorm:
     return new
 
 
-def _describe(module: nn.Module) -> str:
-    return f"nn.{module!r}"
-
-
-RULE = ModuleRule("group_norm", GroupNorm, _is_candidate, _refusal, _build, _describe)
+RULE = exact_class_rule("group_norm", nn.GroupNorm, GroupNorm, _build)

@@ -7,17 +7,7 @@ from __future__ import annotations
 from torch import nn
 
 from liger_nn.layer_norm import LayerNorm
-from liger_nn.patching.module_swaps import ModuleRule
-
-
-def _is_candidate(module: nn.Module) -> bool:
-    return isinstance(module, nn.LayerNorm)
-
-
-def _refusal(module: nn.Module) -> str | None:
-    if type(module) is not nn.LayerNorm:
-        return f"{type(module).__qualname__} subclasses nn.LayerNorm"
-    return None
+from liger_nn.patching.module_swaps import exact_class_rule
 
 
 def _build(old: nn.LayerNorm) -> LayerNorm:
@@ -29,8 +19,4 @@ def _build(old: nn.LayerNorm) -> LayerNorm:
     return new
 
 
-def _describe(module: nn.Module) -> str:
-    return f"nn.{module!r}"
-
-
-RULE = ModuleRule("layer_norm", LayerNorm, _is_candidate, _refusal, _build, _describe)
+RULE = exact_class_rule("layer_norm", nn.LayerNorm, LayerNorm, _build)
