@@ -23,8 +23,6 @@ from torch import nn
 from registrations.eager import eager_call
 
 _FLCE = eager_call(torch.ops.liger.fused_linear_cross_entropy)
-# The forward's arguments that go to the loss, not to the base model.
-_LOSS_ONLY = ("labels", "logits_to_keep")
 
 
 def causal_lm_loss(
@@ -59,6 +57,38 @@ def causal_lm_loss(
     return loss / num_items_in_batch
 
 
+def _by_name(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name, its ``**kwargs`` folded in."""
+    named: dict = {}
+    for name, value in signature.bind(*args, **kwargs).arguments.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return named
+
+
+def _fused(model: nn.Module, kwargs: dict, logits_options: Callable[[nn.Module], dict], output_class: type):
+    """The base model, then causal_lm_loss; kwargs: the forward's arguments by name."""
+    labels = kwargs.pop("labels", None)
+    keep = kwargs.pop("logits_to_keep", 0)
+    return_dict = kwargs.pop("return_dict", None)
+    loss_kwargs = {k: kwargs.pop(k) for k in ("num_items_in_batch", "ignore_index", "shift_labels") if k in kwargs}
+    if labels is None and "shift_labels" not in loss_kwargs:
+        raise ValueError(f"{type(model).__name__}: skip_logits=True needs labels or shift_labels")
+    outputs = model.model(**kwargs)
+    hidden = outputs.last_hidden_state[:, slice(-keep, None) if isinstance(keep, int) else keep, :]
+    loss = causal_lm_loss(hidden, model.lm_head, labels, **loss_kwargs, **logits_options(model))
+    out = output_class(
+        loss=loss,
+        logits=None,
+        past_key_values=outputs.past_key_values,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+    )
+    return out.to_tuple() if return_dict is False else out
+
+
 def fused_causal_lm_forward(
     model: nn.Module, original: Callable, logits_options: Callable[[nn.Module], dict]
 ) -> Callable:
@@ -70,35 +100,14 @@ def fused_causal_lm_forward(
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     signature = inspect.signature(original)
-    var_keyword = next(p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD)
 
     @functools.wraps(original)
     def forward(*args, skip_logits: bool | None = None, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        named = dict(bound.arguments)
-        labels = named.get("labels")
+        named = _by_name(signature, args, kwargs) if args else kwargs
         if skip_logits is None:
-            skip_logits = model.training and labels is not None
+            skip_logits = model.training and named.get("labels") is not None
         if not skip_logits:
             return original(*args, **kwargs)
-        extra = dict(named.pop(var_keyword, {}))
-        return_dict = extra.pop("return_dict", None)
-        loss_kwargs = {k: extra.pop(k) for k in ("num_items_in_batch", "ignore_index", "shift_labels") if k in extra}
-        if labels is None and "shift_labels" not in loss_kwargs:
-            raise ValueError(f"{type(model).__name__}: skip_logits=True needs labels or shift_labels")
-        base_args = {k: v for k, v in named.items() if k not in _LOSS_ONLY}
-        outputs = model.model(**base_args, **extra)
-        hidden = outputs.last_hidden_state
-        keep = named.get("logits_to_keep", 0)
-        hidden = hidden[:, slice(-keep, None) if isinstance(keep, int) else keep, :]
-        loss = causal_lm_loss(hidden, model.lm_head, labels, **loss_kwargs, **logits_options(model))
-        out = CausalLMOutputWithPast(
-            loss=loss,
-            logits=None,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return out.to_tuple() if return_dict is False else out
+        return _fused(model, dict(named), logits_options, CausalLMOutputWithPast)
 
     return forward

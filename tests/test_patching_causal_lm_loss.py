@@ -104,6 +104,8 @@ def test_logits_are_skipped_only_in_training_steps_with_labels():
         assert "labels" in inspect.signature(model.forward).parameters
         trained = model(input_ids=ids, labels=ids)
         assert trained.logits is None and trained.loss is not None
+        positional = model(ids, None, None, None, None, ids)  # input_ids, ..., labels by position
+        assert positional.logits is None and positional.loss.item() == trained.loss.item()
         assert model(input_ids=ids).logits.shape == (*ids.shape, _CONFIG_KWARGS["vocab_size"])
         kept = model(input_ids=ids, labels=ids, skip_logits=False)
         assert kept.logits is not None and abs(kept.loss.item() - trained.loss.item()) <= 1e-6
