@@ -1,7 +1,7 @@
 """The README, checked: its Python blocks run as written (each in a fresh
 process; a block that uses "cuda" only where CUDA is), and what it says of
-the nox sessions and the package's extras matches noxfile.py and
-pyproject.toml."""
+the nox sessions, the package's extras and the ops matches noxfile.py,
+pyproject.toml and torch.ops.liger."""
 
 from __future__ import annotations
 
@@ -129,6 +129,21 @@ def test_readme_states_the_pins_the_tests_session_installs():
 def _pyproject() -> dict:
     tomllib = pytest.importorskip("tomllib")
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_readme_ops_table_lists_every_op_of_the_library():
+    """Every op torch.ops.liger holds has a row (its backward op in the row's last cell), and no row
+    names an op it does not hold."""
+    import registrations  # noqa: F401  (defines torch.ops.liger.*)
+
+    table = _table(_section("Ops"))
+    ops = {
+        name for name in dir(torch.ops.liger) if isinstance(getattr(torch.ops.liger, name), torch._ops.OpOverloadPacket)
+    }
+    backward = {name for name in ops if name.endswith("_backward")}
+    assert set(table) == ops - backward, "README's ops table and torch.ops.liger differ"
+    for name in backward:
+        assert f"`{name}(" in table[name.removesuffix("_backward")][-1], f"{name} is not in its op's row"
 
 
 def test_readme_extras_table_matches_pyproject():
