@@ -2,7 +2,6 @@
 with the signatures of the layers they replace."""
 
 import registrations  # noqa: F401  (defines torch.ops.liger.*)
-from liger_nn.causal_lm_loss import causal_lm_loss
 from liger_nn.glu import GeGLUMLP, SwiGLUMLP, geglu, swiglu
 from liger_nn.group_norm import GroupNorm
 from liger_nn.hf_rotary import (
@@ -12,6 +11,7 @@ from liger_nn.hf_rotary import (
     apply_rotary_pos_emb_vision,
 )
 from liger_nn.layer_norm import LayerNorm
+from liger_nn.lm_head_loss import causal_lm_loss
 from liger_nn.patching import LigerPatch, LigerPatchWarning, PatchReport, Replacement, apply_liger_ops
 from liger_nn.poly_norm import PolyNorm
 from liger_nn.rms_norm import RMSNorm

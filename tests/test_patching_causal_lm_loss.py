@@ -1,5 +1,5 @@
 """apply_liger_ops' causal-LM loss routing (liger_nn/patching/swap_causal_lm_loss.py,
-liger_nn/causal_lm_loss.py): tiny float64 models train with the same losses, gradients
+liger_nn/lm_head_loss.py): tiny float64 models train with the same losses, gradients
 and parameters as the model as is (Llama; Gemma 2's soft-capping; Cohere's logit
 scale; Phi's LM-head bias), gradient accumulation's num_items_in_batch included;
 training steps with labels return no logits, every other call runs the original
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from liger_nn import apply_liger_ops
-from liger_nn.causal_lm_loss import causal_lm_loss
+from liger_nn.lm_head_loss import causal_lm_loss
 from tests.helpers import DEVICE, LigerOpCounter
 from tests.test_e2e_training import (
     _CONFIG_KWARGS,
@@ -77,6 +77,35 @@ def test_routed_loss_trains_like_the_model_as_is_in_float64(config_name):
     assert counter.calls == {KIND: STEPS, f"{KIND}_backward": STEPS}, counter.calls
     assert "forward" not in vars(model)  # removed
     assert_same_float64_training(got, want)
+
+
+def test_a_copy_of_the_patched_model_trains_its_own_parameters():
+    """The routed forward is a method bound to its model: a deepcopy (an EMA copy, a trainer's
+    reference model) runs its own base model and head, not the original's."""
+    model = tiny_float64("LlamaConfig")
+    want = train(as_is_in_float64(model))
+    with apply_liger_ops(model, **ONLY_THE_LOSS):
+        copied = copy.deepcopy(model)
+    assert vars(copied)["forward"].__self__ is copied
+    with LigerOpCounter() as counter:
+        got = train(copied)
+    assert counter.calls[KIND] == STEPS
+    assert_same_float64_training(got, want)
+
+
+def test_a_tensor_parallel_head_keeps_the_models_own_forward(monkeypatch):
+    """A DTensor head (tests/dist/model_cases.py trains one under tensor parallelism) takes the
+    class's forward: the op would gather a vocabulary-sharded head."""
+    import liger_nn.lm_head_loss as routed
+
+    model = tiny_float64("LlamaConfig")
+    ids = token_batches(1)[0]
+    with apply_liger_ops(model, **ONLY_THE_LOSS):
+        assert model(input_ids=ids, labels=ids).logits is None
+        monkeypatch.setattr(routed, "_is_dtensor", lambda t: t is model.lm_head.weight)
+        with LigerOpCounter() as counter:
+            out = model(input_ids=ids, labels=ids)
+        assert out.logits is not None and KIND not in counter.calls
 
 
 def test_gradient_accumulation_divides_the_sum_by_num_items_in_batch():

@@ -45,7 +45,7 @@ What is replaced (each kind can be switched off; docs/patching.md has the tables
 * ``fused_linear_cross_entropy``: the loss of every ``*ForCausalLM`` of an
   architecture in ``LOSS_ARCHITECTURES``: training steps with labels run the
   base model, then the fused loss on the hidden states and the LM head, and
-  return no logits (``liger_nn.causal_lm_loss``).  Per model.
+  return no logits (``liger_nn.lm_head_loss``).  Per model.
 
 Before anything is swapped, each candidate is checked numerically against its
 original on tiny float32 CPU inputs; a candidate that disagrees is left alone

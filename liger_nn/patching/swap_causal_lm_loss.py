@@ -1,7 +1,7 @@
 """fused_linear_cross_entropy's swap: the causal-LM loss of every ``*ForCausalLM`` of an
 architecture in ``LOSS_ARCHITECTURES`` (its ``model``, an ``nn.Linear`` ``lm_head`` and
 transformers' own ``ForCausalLMLoss`` as its ``loss_function``) runs through the op in training
-steps with labels: ``forward`` becomes an instance attribute (liger_nn.causal_lm_loss) that
+steps with labels: ``forward`` becomes an instance attribute (liger_nn.lm_head_loss) that
 calls the base model, then the fused loss, and returns logits=None.  Per model."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from liger_nn.causal_lm_loss import fused_causal_lm_forward
+from liger_nn.lm_head_loss import fused_causal_lm_forward
 from liger_nn.patching.handle import LigerPatch
 from liger_nn.patching.hf_modules import MODELS_PREFIX, arch_of
 from liger_nn.patching.report import Replacement
@@ -97,7 +97,7 @@ def patch_causal_lm_loss(model: nn.Module, handle: LigerPatch) -> None:
             report.left_alone.append(Replacement(KIND, qualname, reason))
             continue
         options = LOSS_ARCHITECTURES[arch_of(type(module).__module__)]
-        module.forward = fused_causal_lm_forward(module, module.forward, options)
+        module.forward = fused_causal_lm_forward(module, options)
         handle.on_remove(functools.partial(_restore, module))
         detail = f"{type(module).__qualname__}: training steps with labels skip the logits"
         report.replaced.append(Replacement(KIND, qualname, detail))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import types
 from collections.abc import Callable
 
 import torch
@@ -57,10 +59,17 @@ def causal_lm_loss(
     return loss / num_items_in_batch
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """A tensor-parallel head: the op's DTensor rule would gather a vocabulary-sharded head, a
+    larger buffer than the logits the fusion saves, so such a model keeps its own forward."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
 def _by_name(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
-    """A call's arguments by name, its ``**kwargs`` folded in."""
+    """A method call's arguments by name (``self`` left out), its ``**kwargs`` folded in."""
     named: dict = {}
-    for name, value in signature.bind(*args, **kwargs).arguments.items():
+    for name, value in list(signature.bind(*args, **kwargs).arguments.items())[1:]:
         if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
             named.update(value)
         else:
@@ -89,25 +98,26 @@ def _fused(model: nn.Module, kwargs: dict, logits_options: Callable[[nn.Module],
     return out.to_tuple() if return_dict is False else out
 
 
-def fused_causal_lm_forward(
-    model: nn.Module, original: Callable, logits_options: Callable[[nn.Module], dict]
-) -> Callable:
-    """``model.forward`` that, in training with labels (or with
-    ``skip_logits=True``), runs the base model and ``causal_lm_loss`` and
-    returns logits=None; otherwise, or with ``skip_logits=False``, the
-    original forward.  ``logits_options(model)``: the softcap and logit scale
-    the original forward applies to the head's output."""
+def fused_causal_lm_forward(model: nn.Module, logits_options: Callable[[nn.Module], dict]) -> Callable:
+    """``model.forward`` (a method bound to ``model``) that, in training with
+    labels (or with ``skip_logits=True``), runs the base model and
+    ``causal_lm_loss`` and returns logits=None; otherwise, or with
+    ``skip_logits=False``, or with a DTensor head (tensor parallel), the
+    class's forward.  ``logits_options(model)``:
+    the softcap and logit scale the class's forward applies to the head's
+    output.  A bound method, so a deepcopy of the model binds its copy."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
+    original = type(model).forward
     signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def forward(*args, skip_logits: bool | None = None, **kwargs):
-        named = _by_name(signature, args, kwargs) if args else kwargs
+    def forward(self, *args, skip_logits: bool | None = None, **kwargs):
+        named = _by_name(signature, (self, *args), kwargs) if args else kwargs
         if skip_logits is None:
-            skip_logits = model.training and named.get("labels") is not None
-        if not skip_logits:
-            return original(*args, **kwargs)
-        return _fused(model, dict(named), logits_options, CausalLMOutputWithPast)
+            skip_logits = self.training and named.get("labels") is not None
+        if not skip_logits or _is_dtensor(self.lm_head.weight):
+            return original(self, *args, **kwargs)
+        return _fused(self, dict(named), logits_options, CausalLMOutputWithPast)
 
-    return forward
+    return types.MethodType(forward, model)
