@@ -138,12 +138,25 @@ def _compile_one(i: int) -> list[str]:
 APPROXIMATE_F64 = re.compile(r"\b(rsqrt|rcp|sqrt|div|ex2|lg2|sin|cos)\.approx[.\w]*\.f64\b")
 
 
+# A reciprocal seed refined by Newton's method: r' = r + e * r, an fma taking the seed as both multiplicand and addend.
+_NEWTON_UPDATE = r"fma\.rn\.f64\s+%\w+,\s*%\w+,\s*{r},\s*{r};"
+
+
 def _approximate_float64(key: tuple, compiled: Any) -> list[str]:
     """A float64 kernel must compute in float64: Triton lowers
     tl.math.rsqrt of a float64 to rsqrt.approx.f64, which missed the
-    float64 references on the H100 (csrc_free_ops/kernel_math.py)."""
-    found = sorted(set(m.group(0) for m in APPROXIMATE_F64.finditer(compiled.asm["ptx"])))
-    return [f"{key}: approximate float64 instructions {found}"] if found else []
+    float64 references on the H100 (csrc_free_ops/kernel_math.py).
+    libdevice's float64 log (the losses' lse) seeds a reciprocal with
+    rcp.approx.ftz.f64 and refines it to full precision; such a refined
+    seed is not reported."""
+    ptx = compiled.asm["ptx"]
+    found = set()
+    for m in APPROXIMATE_F64.finditer(ptx):
+        seed = re.match(r"\s*(%\w+)", ptx[m.end() :])
+        refined = m.group(1) == "rcp" and seed and re.search(_NEWTON_UPDATE.format(r=re.escape(seed.group(1))), ptx)
+        if not refined:
+            found.add(m.group(0))
+    return [f"{key}: approximate float64 instructions {sorted(found)}"] if found else []
 
 
 def _group_norm_one_pass_spills(key: tuple, compiled: Any) -> list[str]:
@@ -189,6 +202,7 @@ def _launch_every_path() -> None:
     _launch_glu_paths()
 
     _launch_row_norm_paths()
+    _launch_loss_paths()
 
 
 def _launch_glu_paths() -> None:
@@ -240,6 +254,28 @@ def _launch_row_norm_paths() -> None:
         x = torch.zeros(8, 64, dtype=dt)
         grid_stride = rn_plan.Plan(True, 2, 64, 2)
         rn_launch.forward(x, torch.ones(64), None, rn_launch.RowNorm(1e-6, 0.0, True, False), grid_stride)
+
+
+def _launch_loss_paths() -> None:
+    """cross_entropy's kernels through both ops' CUDA entries (fused_linear_cross_entropy's backward runs
+    in place): the options' constexpr branches in bf16, float32 and float64, short rows and 32768-column
+    blocks of 32 warps."""
+    from csrc_free_ops.cross_entropy import launch as ce_launch
+    from csrc_free_ops.fused_linear_cross_entropy import launch as flce_launch
+
+    plain = (-100, 0.0, "mean", 0.0, None)
+    every = (-100, 0.1, "none", 1e-4, 30.0)
+    cases = ((torch.bfloat16, 64, plain, False), (torch.bfloat16, 40000, every, True),
+             (torch.float32, 64, every, True), (torch.float64, 64, every, True))  # fmt: skip
+    for dt, cols, options, weighted in cases:
+        rows = 4
+        logits, target = torch.zeros(rows, cols, dtype=dt), torch.zeros(rows, dtype=torch.long)
+        weight = torch.ones(cols) if weighted else None
+        grad_loss = torch.ones(rows if options[2] == "none" else (), dtype=dt)
+        _, _, lse = ce_launch.cuda_forward(logits, target, weight, *options)
+        ce_launch.cuda_backward(grad_loss, logits, target, lse, weight, *options)
+        x, head = torch.zeros(rows, 8, dtype=dt), torch.zeros(cols, 8, dtype=dt)
+        flce_launch.cuda_backward(grad_loss, x, head, target, lse, None, weight, *options, [True, True, False])
 
 
 def _launch_group_norm_paths() -> None:
