@@ -55,7 +55,14 @@ DIFFUSERS_TESTS = ["tests/test_patching_diffusers.py"]
 # rotary functions): the `newest` end of `nox -s transformers`.
 TRANSFORMERS_NEWEST = "transformers==5.25.0"
 # The tests that import transformers (the patcher, the end-to-end training, the kernels hub layers).
-HF_TESTS = ["tests/test_patching.py", "tests/test_e2e_training.py", "tests/test_hub.py"]
+HF_TESTS = [
+    "tests/test_patching.py",
+    "tests/test_patching_glu.py",
+    "tests/test_patching_norms.py",
+    "tests/test_patching_causal_lm_loss.py",
+    "tests/test_e2e_training.py",
+    "tests/test_hub.py",
+]
 # The newest torch and Triton these machines install: torch 2.14.1 (pip here is constrained to it;
 # 2.15 is not run) requires triton~=3.8.0.  Triton 3.9.0 goes with torch 2.15; `newest(triton="3.9")`
 # puts it beside torch 2.14.1 (pip install --target, first on PYTHONPATH), as a user upgrading Triton
