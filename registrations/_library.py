@@ -15,7 +15,7 @@ The eager path is registrations/eager.py (public: ``eager_call``).
 
 from registrations.autograd import call_from_backward, register_autograd, register_autograd_by_reference
 from registrations.decompose import decomposition
-from registrations.define import INTERPRETER, LIB, Entries, Prepare, define_op
+from registrations.define import INTERPRETER, LIB, Entries, Prepare, define_op, launch_entries
 from registrations.transforms import JVP_RULES
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "call_from_backward",
     "decomposition",
     "define_op",
+    "launch_entries",
     "register_autograd",
     "register_autograd_by_reference",
 ]

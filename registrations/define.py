@@ -22,6 +22,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import torch
@@ -60,6 +61,21 @@ class Prepare(NamedTuple):
 
 
 NO_PREPARE = Prepare()
+
+
+def launch_entries(launch: ModuleType, direction: str, reference: Callable) -> dict:
+    """``entries=`` and ``prepare=`` for define_op from a launch module named
+    by the convention (csrc_free_ops/<op>/launch.py): ``cuda_<direction>``
+    (also the interpreter's), ``npu_<direction>``, and the prepared forms
+    ``prepare_cuda_<direction>`` / ``prepare_npu_<direction>`` it has."""
+    cuda = getattr(launch, f"cuda_{direction}")
+    prepare_cuda = getattr(launch, f"prepare_cuda_{direction}", None)
+    return {
+        "entries": Entries(cuda=cuda, npu=getattr(launch, f"npu_{direction}"), interpreted=cuda, reference=reference),
+        "prepare": Prepare(
+            cuda=prepare_cuda, npu=getattr(launch, f"prepare_npu_{direction}", None), interpreted=prepare_cuda
+        ),  # fmt: skip
+    }
 
 
 class Signature:

@@ -27,10 +27,9 @@ import torch
 from csrc_free_ops.group_norm import launch, layout, reference
 from registrations import _checks
 from registrations._library import (
-    Entries,
-    Prepare,
     call_from_backward,
     define_op,
+    launch_entries,
     register_autograd,
     register_autograd_by_reference,
 )
@@ -93,23 +92,14 @@ GROUP_NORM = define_op(
     " str activation='none') -> Tensor",
     check=_check,
     fake=_fake,
-    entries=Entries(
-        cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
-    ),
-    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=launch.prepare_cuda_forward),
+    **launch_entries(launch, "forward", reference.forward),
 )
 GROUP_NORM_BACKWARD = define_op(
     "group_norm_backward(Tensor grad_out, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, *,"
     " str activation='none') -> (Tensor, Tensor?, Tensor?)",
     check=_check_backward,
     fake=_backward_fake,
-    entries=Entries(
-        cuda=launch.cuda_backward,
-        npu=launch.npu_backward,
-        interpreted=launch.cuda_backward,
-        reference=reference.backward,
-    ),
-    prepare=Prepare(cuda=launch.prepare_cuda_backward, interpreted=launch.prepare_cuda_backward),
+    **launch_entries(launch, "backward", reference.backward),
 )
 
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 from csrc_free_ops.layer_norm import launch, reference
 from registrations import _checks
 from registrations._library import (
-    Entries,
-    Prepare,
     call_from_backward,
     define_op,
+    launch_entries,
     register_autograd,
     register_autograd_by_reference,
 )
@@ -58,23 +57,14 @@ LAYER_NORM = define_op(
     "layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
     check=_check,
     fake=_fake,
-    entries=Entries(
-        cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
-    ),
-    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=launch.prepare_cuda_forward),
+    **launch_entries(launch, "forward", reference.forward),
 )
 LAYER_NORM_BACKWARD = define_op(
     "layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, float eps)"
     " -> (Tensor, Tensor?, Tensor?)",
     check=_check_backward,
     fake=_backward_fake,
-    entries=Entries(
-        cuda=launch.cuda_backward,
-        npu=launch.npu_backward,
-        interpreted=launch.cuda_backward,
-        reference=reference.backward,
-    ),
-    prepare=Prepare(cuda=launch.prepare_cuda_backward, interpreted=launch.prepare_cuda_backward),
+    **launch_entries(launch, "backward", reference.backward),
 )
 
 

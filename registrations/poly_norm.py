@@ -18,10 +18,9 @@ import torch
 from csrc_free_ops.poly_norm import launch, reference
 from registrations import _checks
 from registrations._library import (
-    Entries,
-    Prepare,
     call_from_backward,
     define_op,
+    launch_entries,
     register_autograd,
     register_autograd_by_reference,
 )
@@ -65,26 +64,13 @@ POLY_NORM = define_op(
     "poly_norm(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> Tensor",
     check=_check,
     fake=_fake,
-    entries=Entries(
-        cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
-    ),
-    prepare=Prepare(
-        cuda=launch.prepare_cuda_forward, npu=launch.prepare_npu_forward, interpreted=launch.prepare_cuda_forward
-    ),
+    **launch_entries(launch, "forward", reference.forward),
 )
 POLY_NORM_BACKWARD = define_op(
     "poly_norm_backward(Tensor grad_out, Tensor x, Tensor weight, float eps) -> (Tensor, Tensor, Tensor)",
     check=_check_backward,
     fake=_backward_fake,
-    entries=Entries(
-        cuda=launch.cuda_backward,
-        npu=launch.npu_backward,
-        interpreted=launch.cuda_backward,
-        reference=reference.backward,
-    ),
-    prepare=Prepare(
-        cuda=launch.prepare_cuda_backward, npu=launch.prepare_npu_backward, interpreted=launch.prepare_cuda_backward
-    ),
+    **launch_entries(launch, "backward", reference.backward),
 )
 
 

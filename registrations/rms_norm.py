@@ -26,10 +26,9 @@ from csrc_free_ops.rms_norm import launch, reference
 from csrc_free_ops.rms_norm.options import CASTING_MODES
 from registrations import _checks
 from registrations._library import (
-    Entries,
-    Prepare,
     call_from_backward,
     define_op,
+    launch_entries,
     register_autograd,
     register_autograd_by_reference,
 )
@@ -87,23 +86,14 @@ RMS_NORM = define_op(
     "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, *, float offset=0.0, str casting_mode='llama') -> Tensor",
     check=_check,
     fake=_fake,
-    entries=Entries(
-        cuda=launch.cuda_forward, npu=launch.npu_forward, interpreted=launch.cuda_forward, reference=reference.forward
-    ),
-    prepare=Prepare(cuda=launch.prepare_cuda_forward, interpreted=launch.prepare_cuda_forward),
+    **launch_entries(launch, "forward", reference.forward),
 )
 RMS_NORM_BACKWARD = define_op(
     "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps, *, float offset=0.0,"
     " str casting_mode='llama') -> (Tensor, Tensor?)",
     check=_check_backward,
     fake=_backward_fake,
-    entries=Entries(
-        cuda=launch.cuda_backward,
-        npu=launch.npu_backward,
-        interpreted=launch.cuda_backward,
-        reference=reference.backward,
-    ),
-    prepare=Prepare(cuda=launch.prepare_cuda_backward, interpreted=launch.prepare_cuda_backward),
+    **launch_entries(launch, "backward", reference.backward),
 )
 
 
