@@ -22,6 +22,7 @@ from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.launcher import Launcher, placeholder
 from csrc_free_ops.poly_norm import kernels, plan, reference
 from csrc_free_ops.poly_norm.plan import Plan
+from csrc_free_ops.row_views import output_like, rows, sizes
 
 # Most partial rows the reduction reads per step.
 MAX_REDUCE_BLOCK = 1024
@@ -56,33 +57,14 @@ def _reduce_launcher(block_p: int, num_warps: int | None) -> Launcher:
     return Launcher(kernels.reduce_param_grads_kernel, BLOCK_P=block_p, **_options(num_warps))
 
 
-def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """t viewed as (rows, last dim): the tensor the kernel reads and its row and column strides."""
-    if t.is_contiguous():
-        return t, t.shape[-1], 1
-    t2d = t.reshape(-1, t.shape[-1])
-    return t2d, t2d.stride(0), t2d.stride(1)
-
-
-def _output_like(x: torch.Tensor, contiguous: bool) -> torch.Tensor:
-    """A contiguous tensor of x's shape and dtype (empty_like is the cheaper call on the host)."""
-    return torch.empty_like(x) if contiguous else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _sizes(x: torch.Tensor) -> tuple[int, int]:
-    """(rows, columns) of x seen as rows of its last dim."""
-    n_cols = x.shape[-1]
-    return x.numel() // n_cols, n_cols
-
-
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: Plan) -> torch.Tensor:
-    n_rows, n_cols = _sizes(x)
-    src, stride_row, stride_col = _rows(x)
-    y = _output_like(x, stride_col == 1 and src is x)
+    n_rows, n_cols = sizes(x)
+    src, stride_row, stride_col = rows(x)
+    y = output_like(x, stride_col == 1 and src is x)
     if n_rows == 0:
         return y
     args = (src, _contiguous(weight), bias, y, stride_row, stride_col, n_cols, n_rows, n_cols, eps)
@@ -94,16 +76,16 @@ def backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight (3,), dbias (1,)); dx in x's dtype, dweight and dbias in weight's."""
-    n_rows, n_cols = _sizes(x)
-    src, x_row, x_col = _rows(x)
-    dx = _output_like(x, x_col == 1 and src is x)
+    n_rows, n_cols = sizes(x)
+    src, x_row, x_col = rows(x)
+    dx = output_like(x, x_col == 1 and src is x)
     # Separate allocations: views of one buffer would make the op's outputs alias each other.
     dweight = torch.empty(3, dtype=weight.dtype, device=x.device)
     dbias = torch.empty(1, dtype=weight.dtype, device=x.device)
     if n_rows == 0:
         return dx, dweight.zero_(), dbias.zero_()
     compute, partial_dtype = _compute(x)
-    dy, dy_row, dy_col = _rows(grad_out)
+    dy, dy_row, dy_col = rows(grad_out)
     # Every program stores its row, so the buffer needs no zeroing; one program writes the gradients itself.
     direct = p.programs == 1
     partials = placeholder(dweight) if direct else torch.empty((p.programs, kernels.N_PARTIALS.value),
@@ -122,7 +104,7 @@ def backward(
 
 
 def _prepared_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan) -> Callable:
-    n_rows, n_cols = _sizes(x)
+    n_rows, n_cols = sizes(x)
     if n_rows == 0 or not (x.is_contiguous() and weight.is_contiguous()):
         return lambda x, weight, bias, eps: forward(x, weight, bias, eps, p)
     scalars = (n_cols, 1, n_cols, n_rows, n_cols, eps)
@@ -137,7 +119,7 @@ def _prepared_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan
 
 
 def _prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan) -> Callable:
-    n_rows, n_cols = _sizes(x)
+    n_rows, n_cols = sizes(x)
     if n_rows == 0 or not (x.is_contiguous() and grad_out.is_contiguous() and weight.is_contiguous()):
         return lambda grad_out, x, weight, eps: backward(grad_out, x, weight, eps, p)
     compute, partial_dtype = _compute(x)
@@ -165,12 +147,12 @@ def _prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Te
 
 
 def prepare_cuda_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> Callable:
-    n_rows, n_cols = _sizes(x)
+    n_rows, n_cols = sizes(x)
     return _prepared_forward(x, weight, eps, plan.cuda(n_rows, n_cols, False, device.sms_of(x)))
 
 
 def prepare_cuda_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> Callable:
-    n_rows, n_cols = _sizes(x)
+    n_rows, n_cols = sizes(x)
     return _prepared_backward(grad_out, x, weight, eps, plan.cuda(n_rows, n_cols, True, device.sms_of(x)))
 
 
@@ -190,19 +172,19 @@ def prepare_npu_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.
 
 
 def cuda_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    n_rows, n_cols = _sizes(x)
+    n_rows, n_cols = sizes(x)
     return forward(x, weight, bias, eps, plan.cuda(n_rows, n_cols, False, device.sms_of(x)))
 
 
 def cuda_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    n_rows, n_cols = _sizes(x)
+    n_rows, n_cols = sizes(x)
     return backward(grad_out, x, weight, eps, plan.cuda(n_rows, n_cols, True, device.sms_of(x)))
 
 
 def _npu_plan(x: torch.Tensor, backward: bool) -> Plan:
-    n_rows, n_cols = _sizes(x)
+    n_rows, n_cols = sizes(x)
     return plan.npu(n_rows, n_cols, x.element_size(), backward, device.npu_ub_bytes(), device.npu_vector_cores())
 
 

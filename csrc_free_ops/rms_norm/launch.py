@@ -26,6 +26,7 @@ from csrc_free_ops.launcher import Launcher, placeholder
 from csrc_free_ops.rms_norm import kernels, plan, reference
 from csrc_free_ops.rms_norm.options import Options
 from csrc_free_ops.rms_norm.plan import Plan
+from csrc_free_ops.row_views import output_like, rows, sizes
 
 # Most partial rows the reduction reads per step, and the columns each of its programs sums.
 MAX_REDUCE_BLOCK = 64
@@ -75,35 +76,16 @@ def _reduce_launcher(has_weight: bool, has_bias: bool, block_p: int, num_warps: 
                     BLOCK_C=REDUCE_COLUMNS, **_options(num_warps))  # fmt: skip
 
 
-def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """t viewed as (rows, last dim): the tensor the kernel reads and its row and column strides."""
-    if t.is_contiguous():
-        return t, t.shape[-1], 1
-    t2d = t.reshape(-1, t.shape[-1])
-    return t2d, t2d.stride(0), t2d.stride(1)
-
-
-def _output_like(x: torch.Tensor, contiguous: bool) -> torch.Tensor:
-    """A contiguous tensor of x's shape and dtype (empty_like is the cheaper call on the host)."""
-    return torch.empty_like(x) if contiguous else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.is_contiguous() else t.contiguous()
-
-
-def sizes(x: torch.Tensor) -> tuple[int, int]:
-    """(rows, columns) of x seen as rows of its last dim."""
-    n_cols = x.shape[-1]
-    return x.numel() // n_cols, n_cols
 
 
 def forward(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, norm: RowNorm, p: Plan
 ) -> torch.Tensor:
     n_rows, n_cols = sizes(x)
-    src, stride_row, stride_col = _rows(x)
-    y = _output_like(x, stride_col == 1 and src is x)
+    src, stride_row, stride_col = rows(x)
+    y = output_like(x, stride_col == 1 and src is x)
     if n_rows == 0:
         return y
     w = _contiguous(weight) if weight is not None else placeholder(y)
@@ -134,15 +116,15 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dweight, dbias); dx in x's dtype, dweight / dbias in weight's / bias's, None where absent."""
     n_rows, n_cols = sizes(x)
-    src, x_row, x_col = _rows(x)
-    dx = _output_like(x, x_col == 1 and src is x)
+    src, x_row, x_col = rows(x)
+    dx = output_like(x, x_col == 1 and src is x)
     # Separate allocations: views of one buffer would make the op's outputs alias each other.
     dweight = None if weight is None else torch.empty(n_cols, dtype=weight.dtype, device=x.device)
     dbias = None if bias is None else torch.empty(n_cols, dtype=bias.dtype, device=x.device)
     if n_rows == 0:
         return dx, None if dweight is None else dweight.zero_(), None if dbias is None else dbias.zero_()
     compute, partial_dtype = _compute(x)
-    dy, dy_row, dy_col = _rows(grad_out)
+    dy, dy_row, dy_col = rows(grad_out)
     has_w, has_b = weight is not None, bias is not None
     direct = p.whole_rows and p.programs == 1
     w = _contiguous(weight) if has_w else placeholder(dx)
