@@ -127,8 +127,9 @@ def backward_kernel(
     two_z = tl.full([], 2.0 * LSE_SQUARE_SCALE, COMPUTE)
     smooth_per_class = ls / tl.cast(n_cols, COMPUTE)
     w_all = tl.cast(n_cols, COMPUTE)
-    if HAS_WEIGHT:
-        w_all = tl.load(weight_sum).to(COMPUTE)
+    if LABEL_SMOOTHING > 0:
+        if HAS_WEIGHT:  # weight_sum is a placeholder (maybe empty) without label smoothing
+            w_all = tl.load(weight_sum).to(COMPUTE)
     cols0 = tl.arange(0, BLOCK_N)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
