@@ -340,9 +340,10 @@ def run_config(model: str, shape, layout: str, mode: str, providers: Sequence[st
     base_record = {"model": model, "shape": list(shape), "label": shape_label(model, shape), "layout": layout}
     base_record["mode"] = mode
     per_instance = step_providers.per_instance(model)
-    # Process-wide swaps are applied per round in eager mode only: compiled code guards on the swapped global,
-    # so swapping it between rounds would recompile; compiled modes run each provider's rounds in turn.
-    interleaved = per_instance or mode == "eager"
+    # Providers interleave their rounds in eager mode only.  Compiled modes run each provider's rounds in turn,
+    # after a dynamo reset: compiled code guards on a process-wide swap, and providers sharing one dynamo cache
+    # recompile the same step function against each other's modules.
+    interleaved = mode == "eager"
     base_record["interleaved"] = interleaved
     groups = [list(providers)] if interleaved else [[p] for p in providers]
     records: list[dict[str, Any]] = []

@@ -129,9 +129,14 @@ def placeholder(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0) if _TRACING.active else t
 
 
+_RUNTIME_KNOBS = triton.knobs.runtime
+
+
 def _launch_hooks_installed() -> bool:
-    rt = triton.knobs.runtime
-    return any(getattr(h, "calls", h) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+    # A hook is a HookChain (its .calls list) on newer Triton, a callable or None on older; no generator,
+    # since a bound launch asks on every call.
+    enter, leave = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 
 class Launcher:
@@ -261,7 +266,7 @@ class BoundLaunch:
     with no key to compute.  Launch hooks (profilers), tracing and builds
     without the direct path take ``Launcher.launch`` as before."""
 
-    __slots__ = ("_launcher", "_grid", "_scalars", "_scalar_key", "_compiled", "_device", "_tail")
+    __slots__ = ("_launcher", "_grid", "_scalars", "_scalar_key", "_compiled", "_device", "_tail", "_run_args")
 
     def __init__(self, launcher: Launcher, grid: int, scalars: tuple):
         self._launcher = launcher
@@ -271,6 +276,7 @@ class BoundLaunch:
         self._compiled: Any = None
         self._device = -1
         self._tail = (*scalars, *launcher._tail)
+        self._run_args: tuple = ()
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         compiled = self._compiled
@@ -278,18 +284,23 @@ class BoundLaunch:
             launcher = self._launcher
             launcher.launch(self._grid, tensors, self._scalars, self._scalar_key)
             if compiled is None and launcher._n_runtime == len(tensors) + len(self._scalars):
-                self._device = tensors[0].get_device()
-                self._compiled = launcher._compiled.get(launcher._key(self._device, tensors, self._scalar_key))
+                self._keep(launcher, tensors)
             return
         dev = self._device
+        # compiled.run is a property (a Python call); its launcher and the handles were kept at binding
+        run, function, packed = self._run_args
         if dev != torch._C._cuda_getDevice():
             with torch.cuda.device(dev):
-                self._run(compiled, dev, tensors)
+                stream = torch._C._cuda_getCurrentRawStream(dev)
+                run(self._grid, 1, 1, stream, function, packed, None, None, None, *tensors, *self._tail)
         else:
-            self._run(compiled, dev, tensors)
+            stream = torch._C._cuda_getCurrentRawStream(dev)
+            run(self._grid, 1, 1, stream, function, packed, None, None, None, *tensors, *self._tail)
 
-    def _run(self, compiled: Any, dev: int, tensors: tuple) -> None:
-        compiled.run(
-            self._grid, 1, 1, torch._C._cuda_getCurrentRawStream(dev), compiled.function, compiled.packed_metadata,
-            None, None, None, *tensors, *self._tail,
-        )  # fmt: skip
+    def _keep(self, launcher: Launcher, tensors: tuple) -> None:
+        """After the first direct launch: the compiled kernel it selected, for every later call."""
+        self._device = tensors[0].get_device()
+        compiled = launcher._compiled.get(launcher._key(self._device, tensors, self._scalar_key))
+        if compiled is not None:
+            self._run_args = (compiled.run, compiled.function, compiled.packed_metadata)
+            self._compiled = compiled

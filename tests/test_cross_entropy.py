@@ -171,6 +171,24 @@ def test_backward_is_bitwise_deterministic():
     assert torch.equal(first, torch.ops.liger.cross_entropy_backward(g, logits, target, lse, weight, *o))
 
 
+def test_traced_backward_with_class_weights_and_no_smoothing_reads_no_placeholder():
+    """A traced launch (torch.compile) passes an empty tensor for the unused
+    sum of the class weights; the backward read it (address 0 on a GPU)."""
+    from csrc_free_ops import launcher
+
+    logits = torch.randn(6, 40, device=DEVICE)
+    target = make_target(6, 40, 0.3)
+    weight = torch.rand(40, device=DEVICE) + 0.5
+    o = Options(IGNORE, 0.0, "mean", 1e-3, None)
+    p = plan.cuda(*logits.shape)
+    _, _, lse = launch.forward(logits, target, weight, o, p)
+    g = torch.tensor(1.0, device=DEVICE)
+    want = launch.backward(g, logits, target, lse, weight, o, p)
+    with launcher.traced_launches():
+        got = launch.backward(g, logits, target, lse, weight, o, p)
+    assert torch.equal(got, want)
+
+
 def test_no_grad_forward_and_class_weight_gradient():
     logits = torch.randn(3, 5, device=DEVICE, requires_grad=True)
     target = make_target(3, 5, 0.0)

@@ -2,8 +2,9 @@
 call with a signature, a plain eager call makes no more Python calls than a
 bare autograd.Function with one allocation per direction, plus a fixed few
 (the signature key, the prepared run, the launches), and never re-runs the
-check, the plan or the launch sequence's general path.  Launches are
-stubbed: the counts are host work alone."""
+check, the plan or the launch sequence's general path.  On the CPU,
+launches through Triton are stubbed, so the counts are host work alone; on a
+GPU the direct launch of a prepared call runs and is counted with them."""
 
 from __future__ import annotations
 

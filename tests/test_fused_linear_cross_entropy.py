@@ -34,7 +34,7 @@ def _magnitudes(z, target, cw, o, grad_loss):
     r = ce_reference.rows(z, target, cw, o)
     s = ce_reference.capped(z, o.softcap).abs()
     n_classes, ls = s.shape[-1], o.label_smoothing
-    w = torch.ones(n_classes, dtype=z.dtype) if cw is None else cw
+    w = torch.ones(n_classes, dtype=z.dtype, device=z.device) if cw is None else cw
     safe = torch.where(r.valid, target, 0).long()
     s_y = s.gather(1, safe[:, None]).squeeze(1)
     lse = r.lse.abs()
