@@ -183,13 +183,13 @@ REDUCE_TILE, REDUCE_BLOCK_C = 2048, 128
 # NHWC_MAX_GROUP_ROW_BYTES (a group's tile would read a sliver of each row)
 # once x holds NHWC_MIN_BYTES (below, one whole-group launch beats three).
 # Tiles hold at most NHWC_TILE_C channels and NHWC_TILE[backward] elements;
-# items are aimed at NHWC_ITEMS_PER_SM per SM.  Each is read off
+# items are aimed at NHWC_ITEMS_PER_SM[backward] per SM.  Each is read off
 # ``python -m bench.lab.probe_group_norm_nhwc`` (its table's last lines say how).
 NHWC_MAX_GROUP_ROW_BYTES = 256
 NHWC_MIN_BYTES = 2**20
-NHWC_TILE_C = 256
-NHWC_TILE = {False: 4096, True: 2048}
-NHWC_ITEMS_PER_SM = 4
+NHWC_TILE_C = 64
+NHWC_TILE = {False: 2048, True: 1024}
+NHWC_ITEMS_PER_SM = {False: 2, True: 4}
 
 NPU_REDUCE_BLOCK_C = 64
 
@@ -465,11 +465,13 @@ def _cuda_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan) -> Plan | None:
 
 
 def cuda_nhwc(pb: Problem, sms: int, tile_c: int = NHWC_TILE_C, tile: int | None = None,
-              items_per_sm: int = NHWC_ITEMS_PER_SM) -> Plan:  # fmt: skip
+              items_per_sm: int | None = None) -> Plan:  # fmt: skip
     """The nhwc plan with tiles of at most ``tile`` elements (NHWC_TILE;
     float64 accumulators: half) and ``tile_c`` channels."""
     if tile is None:
         tile = NHWC_TILE[pb.backward] // (2 if pb.itemsize == 8 else 1)
+    if items_per_sm is None:
+        items_per_sm = NHWC_ITEMS_PER_SM[pb.backward]
     block_c, block_hw, chunk = tiles.nhwc_geometry(pb, tile_c, tile, sms * items_per_sm)
     reduce = _cuda_reduce(pb, pb.n * cdiv(pb.hw, chunk), sms)
     return nhwc(pb, block_c, block_hw, chunk, sms * PROGRAMS_PER_SM, MERGE_BLOCK, True, reduce)
