@@ -12,7 +12,8 @@
               (``rms_norm=True``), and the model's forward is upstream's
               ``lce_forward`` (``fused_linear_cross_entropy=True``): every op
               both libraries swap in these models
-    liger     ``liger_nn.apply_liger_ops(model)``
+    liger     ``liger_nn.apply_liger_ops(model)`` (``--liger-off`` turns keywords off,
+              to see what each op routed adds to a step)
 
 ``apply(provider, model_name, net)`` patches and returns an undo callable;
 it raises ``NotApplicable`` with the reason when the provider does not apply.
@@ -148,18 +149,24 @@ def _upstream_fused_loss(model: str, net: nn.Module) -> Callable[[], None]:
     return undo
 
 
-def _liger(net: nn.Module) -> Callable[[], None]:
+# apply_liger_ops's keywords that --liger-off may turn off (bench.steps)
+LIGER_KEYWORDS = ("rope", "group_norm", "poly_norm", "glu", "rms_norm", "layer_norm", "fused_linear_cross_entropy",
+                  "group_norm_silu")  # fmt: skip
+
+
+def _liger(net: nn.Module, off: tuple[str, ...] = ()) -> Callable[[], None]:
     from liger_nn import apply_liger_ops
 
-    handle = apply_liger_ops(net)
+    handle = apply_liger_ops(net, **dict.fromkeys(off, False))
     if not handle.report.replaced:
         handle.remove()
         raise NotApplicable("apply_liger_ops replaced nothing in this model")
     return handle.remove
 
 
-def apply(provider: str, model: str, net: nn.Module) -> tuple[Callable[[], None], str]:
-    """Patch ``net`` for ``provider``; returns (undo, a note on what was swapped)."""
+def apply(provider: str, model: str, net: nn.Module, liger_off: tuple[str, ...] = ()) -> tuple[Callable[[], None], str]:
+    """Patch ``net`` for ``provider``; returns (undo, a note on what was swapped).
+    ``liger_off``: apply_liger_ops keywords passed as False (the liger provider only)."""
     if provider == "native":
         return (lambda: None), "as is"
     if provider == "upstream":
@@ -181,6 +188,6 @@ def apply(provider: str, model: str, net: nn.Module) -> tuple[Callable[[], None]
             return undo, "liger_rotary_pos_emb, LigerSwiGLUMLP.forward, LigerRMSNorm.forward and lce_forward"
         raise NotApplicable(f"no upstream equivalent for {model}")
     if provider == "liger":
-        undo = _liger(net)
-        return undo, "apply_liger_ops"
+        undo = _liger(net, liger_off)
+        return undo, "apply_liger_ops" + "".join(f", {k}=False" for k in liger_off)
     raise ValueError(f"unknown provider {provider!r}; choose from {', '.join(PROVIDERS)}")

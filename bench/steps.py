@@ -258,7 +258,7 @@ def _prepare(
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         net, batch = step_models.build(model, shape, device, dtype, args.tiny)
         step_models.to_layout(net, batch, layout)
-        undo, note = step_providers.apply(provider, model, net)
+        undo, note = step_providers.apply(provider, model, net, tuple(args.liger_off))
         step = make_step(model, net, batch, mode)
         warmup = max(args.warmup, 3 if mode == "reduce-overhead" else 1)
         skips = _CudagraphSkips()
@@ -287,7 +287,7 @@ def _prepare(
             net_ = net
 
             def swap() -> Callable[[], None]:
-                return step_providers.apply(provider, model, net_)[0]
+                return step_providers.apply(provider, model, net_, tuple(args.liger_off))[0]
 
         return Prepared(provider, note, net, step, undo, record, swap=swap)
     except (NotApplicable, step_models.ModelUnavailable) as why:
@@ -517,6 +517,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--models", type=_csv(MODELS, "model"), default=list(MODELS))
     p.add_argument("--providers", type=_csv(PROVIDERS, "provider"), default=list(PROVIDERS))
     p.add_argument("--modes", type=_csv(MODES, "mode"), default=list(MODES))
+    p.add_argument(
+        "--liger-off", type=_csv(step_providers.LIGER_KEYWORDS, "apply_liger_ops keyword"), default=[],
+        help="apply_liger_ops keywords passed as False for the liger provider, e.g. fused_linear_cross_entropy",
+    )  # fmt: skip
     p.add_argument(
         "--layout", type=_csv(LAYOUTS, "layout"), default=["contiguous"], help="for unet, vae and resnet only"
     )

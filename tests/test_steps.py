@@ -61,7 +61,7 @@ def test_steps_tiny_cpu_records_complete_and_finite(monkeypatch, tmp_path):
 
 
 def test_steps_failure_is_a_row_not_a_crash(monkeypatch, tmp_path):
-    def broken(provider, model, net):
+    def broken(provider, model, net, liger_off=()):
         raise RuntimeError("patch failed")
 
     monkeypatch.setattr(step_providers, "apply", broken)
@@ -70,6 +70,17 @@ def test_steps_failure_is_a_row_not_a_crash(monkeypatch, tmp_path):
     (record,) = json.loads((tmp_path / "steps.json").read_text())["records"]
     assert record["status"] == "error" and "patch failed" in record["error"]
     assert "error: RuntimeError: patch failed" in (tmp_path / "steps.md").read_text()
+
+
+def test_liger_off_leaves_those_ops_as_they_are(tmp_path):
+    argv = ["--device", "cpu", "--tiny", "--models", "llama", "--providers", "liger", "--modes", "eager"]
+    argv += ["--liger-off", "fused_linear_cross_entropy,rms_norm", "--rounds", "1", "--warmup", "1"]
+    assert steps.main([*argv, "--out", str(tmp_path)]) == 0
+    (record,) = json.loads((tmp_path / "steps.json").read_text())["records"]
+    assert record["status"] == "ok", record
+    assert record["patch"] == "apply_liger_ops, fused_linear_cross_entropy=False, rms_norm=False"
+    with pytest.raises(SystemExit):
+        steps.parse_args(["--liger-off", "softmax"])
 
 
 def test_steps_rejects_unknown_names():

@@ -50,6 +50,11 @@ for step in "$@"; do
     steps_llm)
       run_step steps_llm python3 -m bench.steps --models llama,qwen2,llama3 --modes eager,compile --quick --rounds 5 \
         --out "$RESULTS/steps_llm" ;;
+    steps_llm_off-*)
+      # steps_llm_off-<keyword>[+<keyword>...]: compiled Llama, ours with those apply_liger_ops keywords off
+      off=${step#steps_llm_off-}
+      run_step "$step" python3 -m bench.steps --models llama --modes compile --providers native,liger --quick \
+        --rounds 3 --liger-off "${off//+/,}" --out "$RESULTS/$step" ;;
     steps_diffusion)
       run_step steps_diffusion python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 5 \
         --layout contiguous,channels_last --out "$RESULTS/steps_diffusion" ;;
