@@ -47,6 +47,8 @@ for step in "$@"; do
       run_step probe_group_norm python3 -m bench.lab.probe_group_norm ;;
     probe_nhwc)
       run_step probe_nhwc python3 -m bench.lab.probe_group_norm_nhwc --out "$RESULTS/probe_nhwc.md" ;;
+    probe_rms_norm_wide)
+      run_step probe_rms_norm_wide python3 -m bench.lab.probe_rms_norm_wide --out "$RESULTS/probe_rms_norm_wide.md" ;;
     steps_llm)
       run_step steps_llm python3 -m bench.steps --models llama,qwen2,llama3 --modes eager,compile --quick --rounds 5 \
         --out "$RESULTS/steps_llm" ;;
