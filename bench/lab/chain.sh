@@ -35,6 +35,11 @@ for step in "$@"; do
       run_step gpu_tests python3 -m pytest -q -n 8 -p no:cacheprovider tests --junitxml="$RESULTS/gpu_tests-$stamp.xml" ;;
     host_overhead)
       run_step host_overhead python3 -m bench.host_overhead --steps off ;;
+    host_profile-*)
+      # host_profile-<op>-<forward|backward|full>: where the fast path's host time goes (cProfile, torch.profiler)
+      spec=${step#host_profile-}
+      run_step "$step" python3 -m bench.host_overhead --steps off --ops "${spec%-*}" --profile "${spec%-*}" \
+        --profile-path fast --profile-mode "${spec##*-}" ;;
     host_steps)
       run_step host_steps python3 -m bench.host_overhead --paths native --ops group_norm --steps on ;;
     steps_eager)
