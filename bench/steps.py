@@ -76,7 +76,7 @@ from typing import Any
 
 import torch
 
-from bench import host_profile, step_models, step_providers
+from bench import host_profile, memory_peak, step_models, step_providers
 from bench.step_models import CASES, CONV_MODELS, MODELS, shape_label
 from bench.step_providers import PROVIDERS, NotApplicable
 
@@ -277,6 +277,10 @@ def _prepare(
         record["patch"] = note
         record["peak_mb"] = _peak_mb(step, device, base)
         record["kernel_ms"] = _kernel_ms(step, device)
+        if args.memory_peak:
+            record["memory_peak"] = memory_peak.record(step, device)
+            if record["memory_peak"] is not None:
+                _say(args, f"{provider}: " + memory_peak.describe(record["memory_peak"]))
         if args.host_profile:
             record["host"] = host_profile.profile(step, device, PROFILE_STEPS)
             _say(args, host_profile.summary(f"{provider}:", record["host"]))
@@ -517,6 +521,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--models", type=_csv(MODELS, "model"), default=list(MODELS))
     p.add_argument("--providers", type=_csv(PROVIDERS, "provider"), default=list(PROVIDERS))
     p.add_argument("--modes", type=_csv(MODES, "mode"), default=list(MODES))
+    p.add_argument(
+        "--memory-peak", action="store_true",
+        help="per provider: the largest blocks alive at one step's memory peak (CUDA; bench/memory_peak.py)",
+    )  # fmt: skip
     p.add_argument(
         "--liger-off", type=_csv(step_providers.LIGER_KEYWORDS, "apply_liger_ops keyword"), default=[],
         help="apply_liger_ops keywords passed as False for the liger provider, e.g. fused_linear_cross_entropy",

@@ -138,3 +138,36 @@ def test_cudagraph_skips_counted_and_worded():
     assert "upstream: Inductor ran without CUDA graphs (skipping cudagraphs due to mutated" in steps.markdown(
         [row], ["upstream"]
     )
+
+
+def test_memory_peak_replays_the_allocator_trace():
+    from bench import memory_peak
+
+    def alloc(addr, size, fn):
+        frames = [{"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"},
+                  {"filename": "/x/transformers/modeling_llama.py", "line": 7, "name": fn}]  # fmt: skip
+        return {"action": "alloc", "addr": addr, "size": size, "frames": frames}
+
+    events = [
+        alloc(1, 100, "mlp"),
+        alloc(2, 300, "attn"),
+        {"action": "free_requested", "addr": 1, "size": 100},  # still counted until the free completes
+        alloc(3, 50, "norm"),
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "free_completed", "addr": 2, "size": 300},
+        alloc(4, 400, "head"),  # 450 live: equal to the peak so far, which keeps its own set
+        alloc(5, 10, "loss"),  # 460: the peak
+    ]
+    peak, blocks = memory_peak.live_at_peak(events)
+    assert peak == 460 and sorted(b["addr"] for b in blocks) == [3, 4, 5]
+    got = memory_peak.summary(peak, blocks, top=2)
+    assert [b["origin"] for b in got["largest"]] == ["transformers/modeling_llama.py:7 head",
+                                                     "transformers/modeling_llama.py:7 norm"]  # fmt: skip
+    assert memory_peak.origin([]) == "no stack recorded"
+
+
+def test_memory_peak_is_cuda_only(tmp_path):
+    argv = ["--device", "cpu", "--tiny", "--models", "resnet", "--providers", "native", "--modes", "eager"]
+    assert steps.main([*argv, "--memory-peak", "--rounds", "1", "--warmup", "1", "--out", str(tmp_path)]) == 0
+    (record,) = json.loads((tmp_path / "steps.json").read_text())["records"]
+    assert record["status"] == "ok" and record["memory_peak"] is None
