@@ -62,6 +62,9 @@ for step in "$@"; do
       off=${step#steps_llm_off-}
       run_step "$step" python3 -m bench.steps --models llama --modes compile --providers native,liger --quick \
         --rounds 3 --liger-off "${off//+/,}" --out "$RESULTS/$step" ;;
+    steps_llm_memory)
+      run_step steps_llm_memory python3 -m bench.steps --models llama --modes eager --quick --rounds 1 --memory-peak \
+        --out "$RESULTS/steps_llm_memory" ;;
     steps_diffusion)
       run_step steps_diffusion python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 5 \
         --layout contiguous,channels_last --out "$RESULTS/steps_diffusion" ;;
