@@ -287,7 +287,7 @@ class BoundLaunch:
                 self._keep(launcher, tensors)
             return
         dev = self._device
-        # compiled.run is a property (a Python call); its launcher and the handles were kept at binding
+        # compiled.run is a property (a Python call): _keep took its launcher and handles after the first launch
         run, function, packed = self._run_args
         if dev != torch._C._cuda_getDevice():
             with torch.cuda.device(dev):
