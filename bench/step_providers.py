@@ -149,9 +149,15 @@ def _upstream_fused_loss(model: str, net: nn.Module) -> Callable[[], None]:
     return undo
 
 
-# apply_liger_ops's keywords that --liger-off may turn off (bench.steps)
-LIGER_KEYWORDS = ("rope", "group_norm", "poly_norm", "glu", "rms_norm", "layer_norm", "fused_linear_cross_entropy",
-                  "group_norm_silu")  # fmt: skip
+def liger_keywords() -> tuple[str, ...]:
+    """apply_liger_ops's on/off keywords, which --liger-off may turn off (bench.steps); read from its
+    signature when asked, so importing the bench does not import liger_nn."""
+    import inspect
+
+    from liger_nn import apply_liger_ops
+
+    params = inspect.signature(apply_liger_ops).parameters.values()
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and isinstance(p.default, bool))
 
 
 def _liger(net: nn.Module, off: tuple[str, ...] = ()) -> Callable[[], None]:

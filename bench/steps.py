@@ -526,7 +526,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="per provider: the largest blocks alive at one step's memory peak (CUDA; bench/memory_peak.py)",
     )  # fmt: skip
     p.add_argument(
-        "--liger-off", type=_csv(step_providers.LIGER_KEYWORDS, "apply_liger_ops keyword"), default=[],
+        "--liger-off", type=lambda text: _csv(step_providers.liger_keywords(), "apply_liger_ops keyword")(text),
+        default=[],
         help="apply_liger_ops keywords passed as False for the liger provider, e.g. fused_linear_cross_entropy",
     )  # fmt: skip
     p.add_argument(

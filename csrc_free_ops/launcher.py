@@ -266,29 +266,28 @@ class BoundLaunch:
     with no key to compute.  Launch hooks (profilers), tracing and builds
     without the direct path take ``Launcher.launch`` as before."""
 
-    __slots__ = ("_launcher", "_grid", "_scalars", "_scalar_key", "_compiled", "_device", "_tail", "_run_args")
+    __slots__ = ("_launcher", "_grid", "_scalars", "_scalar_key", "_device", "_tail", "_run_args")
 
     def __init__(self, launcher: Launcher, grid: int, scalars: tuple):
         self._launcher = launcher
         self._grid = grid
         self._scalars = scalars
         self._scalar_key = scalar_specialization(scalars)
-        self._compiled: Any = None
         self._device = -1
         self._tail = (*scalars, *launcher._tail)
+        # (launcher, function, metadata) of the compiled kernel once the first direct launch chose it
         self._run_args: tuple = ()
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        compiled = self._compiled
-        if compiled is None or _TRACING.active or _launch_hooks_installed():
+        run_args = self._run_args
+        if not run_args or _TRACING.active or _launch_hooks_installed():
             launcher = self._launcher
             launcher.launch(self._grid, tensors, self._scalars, self._scalar_key)
-            if compiled is None and launcher._n_runtime == len(tensors) + len(self._scalars):
+            if not run_args and launcher._n_runtime == len(tensors) + len(self._scalars):
                 self._keep(launcher, tensors)
             return
         dev = self._device
-        # compiled.run is a property (a Python call): _keep took its launcher and handles after the first launch
-        run, function, packed = self._run_args
+        run, function, packed = run_args
         if dev != torch._C._cuda_getDevice():
             with torch.cuda.device(dev):
                 stream = torch._C._cuda_getCurrentRawStream(dev)
@@ -301,6 +300,5 @@ class BoundLaunch:
         """After the first direct launch: the compiled kernel it selected, for every later call."""
         self._device = tensors[0].get_device()
         compiled = launcher._compiled.get(launcher._key(self._device, tensors, self._scalar_key))
-        if compiled is not None:
+        if compiled is not None:  # compiled.run is a property (a Python call): kept here, not read per launch
             self._run_args = (compiled.run, compiled.function, compiled.packed_metadata)
-            self._compiled = compiled

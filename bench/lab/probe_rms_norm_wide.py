@@ -44,8 +44,10 @@ def _candidates(n_cols: int, backward: bool, sms: int):
     from csrc_free_ops.rms_norm import plan
     from csrc_free_ops.rms_norm.plan import Plan
 
-    yield "plan", plan.cuda(ROWS, n_cols, backward, sms)
-    programs = max(1, min(ROWS, sms * plan.BWD_PROGRAMS_PER_SM)) if backward else ROWS
+    shipped = plan.cuda(ROWS, n_cols, backward, sms)
+    yield "plan", shipped
+    # at these widths the shipped plan holds one row per program: its program count serves every variant
+    programs = shipped.programs
     stages = plan.BWD_LOOP_STAGES if backward else None
     for warps in WHOLE_WARPS:
         yield f"whole/w{warps}", Plan(True, 1, plan.next_pow2(n_cols), programs, warps, stages)
