@@ -232,15 +232,18 @@ def _launch_glu_paths() -> None:
 def _launch_row_norm_paths() -> None:
     """rms_norm (both casting modes, an offset, no weight) and layer_norm
     (weight and bias each optional): CUDA and NPU entries over tile, several
-    tile rows and column-blocked shapes, in every data dtype with parameters
-    in x's dtype and in float32; one grid-stride forward plan."""
+    tile rows, wide whole rows (the float64 backward unpipelined) and column-blocked shapes, in every
+    data dtype with parameters in x's dtype and in float32; one grid-stride forward plan."""
     from csrc_free_ops.layer_norm import launch as ln_launch
     from csrc_free_ops.rms_norm import launch as rn_launch
     from csrc_free_ops.rms_norm import plan as rn_plan
 
     for dt in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
         for pdt in {dt, torch.float32}:
-            for rows, cols in ((300, 128), (8, 3000), (4, 9000)):  # stacked rows, one row a tile, column blocks
+            shapes = [(300, 128), (8, 3000), (4, 9000)]  # stacked rows, one row a tile, a wide whole row
+            if pdt == torch.float32 and dt in (torch.bfloat16, torch.float64):
+                shapes += [(2, 20000), (2, 40000)]  # backward column blocks, then both directions'
+            for rows, cols in shapes:
                 x = torch.zeros(rows, cols, dtype=dt)
                 w = torch.ones(cols, dtype=pdt)
                 for options in ((w, 1e-6, 0.0, "llama"), (w, 1e-6, 1.0, "gemma"), (None, 1e-6, 0.0, "llama")):

@@ -16,7 +16,11 @@ from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_ref
 from tests.row_norm_cases import assert_matches, expected
 
 SMALL_H = st.integers(1, 300)
-BLOCKED_H = st.integers(plan.MAX_ROW_BLOCK + 1, plan.MAX_ROW_BLOCK + 300)
+# Rows the backward column-blocks (the forward holds them whole), and rows both directions column-block.
+BLOCKED_H = st.one_of(
+    st.integers(plan.MAX_ROW_BLOCK[True] + 1, plan.MAX_ROW_BLOCK[True] + 300),
+    st.integers(plan.MAX_ROW_BLOCK[False] + 1, plan.MAX_ROW_BLOCK[False] + 300),
+)
 
 
 def _call(x, weight, bias, dy, eps):
@@ -74,7 +78,7 @@ def test_matches_torch_layer_norm(dtype):
     assert_close_to_ref(ours, theirs, dtype)
 
 
-@pytest.mark.parametrize("n_cols", [50, plan.MAX_ROW_BLOCK + 5])
+@pytest.mark.parametrize("n_cols", [50, plan.MAX_ROW_BLOCK[True] + 5, plan.MAX_ROW_BLOCK[False] + 5])
 def test_backward_is_bitwise_deterministic(n_cols):
     x = torch.randn(23, n_cols, device=DEVICE, dtype=torch.bfloat16)
     w, b = torch.randn(2, n_cols, device=DEVICE)

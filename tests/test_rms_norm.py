@@ -20,7 +20,11 @@ from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_ref
 from tests.row_norm_cases import assert_matches, expected
 
 SMALL_H = st.integers(1, 300)
-BLOCKED_H = st.integers(plan.MAX_ROW_BLOCK + 1, plan.MAX_ROW_BLOCK + 300)
+# Rows the backward column-blocks (the forward holds them whole), and rows both directions column-block.
+BLOCKED_H = st.one_of(
+    st.integers(plan.MAX_ROW_BLOCK[True] + 1, plan.MAX_ROW_BLOCK[True] + 300),
+    st.integers(plan.MAX_ROW_BLOCK[False] + 1, plan.MAX_ROW_BLOCK[False] + 300),
+)
 MODES = [("llama", 0.0), ("gemma", 1.0), ("gemma", 0.0), ("llama", 0.5)]
 
 
@@ -109,7 +113,7 @@ def test_qwen3_per_head_norm_over_head_dim():
     assert_matches(y, grads, x, w, None, dy, 1e-6, round_normed=True)
 
 
-@pytest.mark.parametrize("n_cols", [50, plan.MAX_ROW_BLOCK + 5])
+@pytest.mark.parametrize("n_cols", [50, plan.MAX_ROW_BLOCK[True] + 5, plan.MAX_ROW_BLOCK[False] + 5])
 def test_backward_is_bitwise_deterministic(n_cols):
     x = torch.randn(23, n_cols, device=DEVICE, dtype=torch.bfloat16)
     w = torch.randn(n_cols, device=DEVICE)
@@ -139,12 +143,27 @@ def test_plans_through_the_launch_sequence(programs, whole_rows):
 
 
 def test_plans():
-    p = plan.cuda(10000, 128, False, 132)
+    p = plan.cuda(10000, 128, False, 132, 2)
     assert p.whole_rows and p.block_m * p.block_n == plan.TILE_ELEMENTS and not p.walks_row_blocks(10000)
-    b = plan.cuda(16384, 4096, True, 132)
+    b = plan.cuda(16384, 4096, True, 132, 2)
     assert b.programs == 132 * plan.BWD_PROGRAMS_PER_SM and b.loop_stages == plan.BWD_LOOP_STAGES
-    assert plan.cuda(5, 40, True, 132).programs == 1
-    assert not plan.cuda(4, plan.MAX_ROW_BLOCK + 1, False, 132).whole_rows
+    assert plan.cuda(5, 40, True, 132, 2).programs == 1
+    for backward in (False, True):
+        widest = plan.MAX_ROW_BLOCK[backward]
+        assert plan.cuda(2048, widest, backward, 132, 2).whole_rows
+        assert not plan.cuda(4, widest + 1, backward, 132, 2).whole_rows
+    assert plan.cuda(2048, 8192, True, 132, 2).num_warps == plan.WIDE_WARPS
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+@pytest.mark.parametrize("n_cols", [1024, 4096, 8192, 16384])
+def test_backward_staging_fits_a_blocks_shared_memory(n_cols, itemsize):
+    """The pipelined backward stages (stages - 1) tiles of x and of dy in shared memory; a plan asking more
+    than a block may have fails to launch (float64 rows of 8192 would ask 256 KiB)."""
+    p = plan.cuda(2048, n_cols, True, 132, itemsize)
+    staged = 2 * (p.loop_stages - 1) * p.block_m * p.block_n * itemsize
+    assert staged <= plan.BWD_PIPELINE_BYTES < 227 * 1024
+    assert p.loop_stages == (1 if n_cols * itemsize > 32 * 1024 else plan.BWD_LOOP_STAGES)
     npu = plan.npu(5000, 1024, 2, False, 192 * 1024, 40)
     assert npu.num_warps is None and npu.programs <= 40 and npu.walks_row_blocks(5000)
 

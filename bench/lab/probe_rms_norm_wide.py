@@ -44,7 +44,7 @@ def _candidates(n_cols: int, backward: bool, sms: int):
     from csrc_free_ops.rms_norm import plan
     from csrc_free_ops.rms_norm.plan import Plan
 
-    shipped = plan.cuda(ROWS, n_cols, backward, sms)
+    shipped = plan.cuda(ROWS, n_cols, backward, sms, 2)
     yield "plan", shipped
     # at these widths the shipped plan holds one row per program: its program count serves every variant
     programs = shipped.programs

@@ -21,6 +21,7 @@ import torch
 import triton.language as tl
 
 from csrc_free_ops import device
+from csrc_free_ops.alloc import empty_like_maker, empty_maker
 from csrc_free_ops.host_math import cdiv, next_pow2
 from csrc_free_ops.launcher import Launcher, placeholder
 from csrc_free_ops.rms_norm import kernels, plan, reference
@@ -165,9 +166,10 @@ def prepared_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.T
     has_w, has_b = weight is not None, bias is not None
     launcher = _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0], norm, has_w, has_b, False)
     launch = launcher.bind(p.programs, (n_cols, 1, n_cols, n_rows, n_cols))
+    new_y = empty_like_maker(x)
 
     def run(x, weight, bias):
-        y = torch.empty_like(x)
+        y = new_y()
         launch(x, weight if has_w else y, bias if has_b else y, y)
         return y
 
@@ -194,18 +196,21 @@ def prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
         reduce = _reduce_launcher(has_w, has_b, block_p, p.num_warps).bind(
             cdiv(n_cols, REDUCE_COLUMNS), (p.programs, n_cols, p.block_n)
         )
-    partials_shape = (p.programs, p.block_n)
+    new_dx = empty_like_maker(x)
+    new_dweight = empty_maker((n_cols,), (1,), w_dtype, device_) if has_w else None
+    new_dbias = empty_maker((n_cols,), (1,), b_dtype, device_) if has_b else None
+    new_partials = empty_maker((p.programs, p.block_n), (p.block_n, 1), partial_dtype, device_)
 
     def run(grad_out, x, weight, bias):
-        dx = torch.empty_like(x)
-        dweight = torch.empty(n_cols, dtype=w_dtype, device=device_) if has_w else None
-        dbias = torch.empty(n_cols, dtype=b_dtype, device=device_) if has_b else None
+        dx = new_dx()
+        dweight = new_dweight() if has_w else None
+        dbias = new_dbias() if has_b else None
         outs = (dx if dweight is None else dweight, dx if dbias is None else dbias)
         if direct:
             tile(grad_out, x, weight if has_w else dx, dx, dx, dx, *outs)
             return dx, dweight, dbias
-        dw_partials = torch.empty(partials_shape, dtype=partial_dtype, device=device_) if has_w else dx
-        db_partials = torch.empty(partials_shape, dtype=partial_dtype, device=device_) if has_b else dx
+        dw_partials = new_partials() if has_w else dx
+        db_partials = new_partials() if has_b else dx
         tile(grad_out, x, weight if has_w else dx, dx, dw_partials, db_partials, *outs)
         if reduce is not None:
             reduce(dw_partials, db_partials, *outs)
@@ -219,7 +224,7 @@ def prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
 
 def cuda_plan(x: torch.Tensor, backward: bool) -> Plan:
     n_rows, n_cols = sizes(x)
-    return plan.cuda(n_rows, n_cols, backward, device.sms_of(x))
+    return plan.cuda(n_rows, n_cols, backward, device.sms_of(x), x.element_size())
 
 
 def npu_plan(x: torch.Tensor, backward: bool) -> Plan:

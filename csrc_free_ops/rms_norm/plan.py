@@ -3,7 +3,7 @@ type, and the CUDA and NPU planning as pure functions of the problem's sizes
 and the device's facts.
 
 CUDA (also the CPU interpreter path, with ``device.CPU_PROGRAMS`` as SMs):
-rows of up to MAX_ROW_BLOCK elements are held whole; narrow rows (Qwen3's
+rows of up to MAX_ROW_BLOCK[backward] elements are held whole; narrow rows (Qwen3's
 per-head q/k norms: 128 columns) are stacked BLOCK_M to a tile of about
 TILE_ELEMENTS, so a program has work enough for its warps.  The forward
 runs one program per row block with no loop.  The backward runs a
@@ -40,11 +40,13 @@ from dataclasses import dataclass
 from csrc_free_ops.device import NPU_MAX_GRID
 from csrc_free_ops.host_math import cdiv, next_pow2, prev_pow2
 
-# --- CUDA policy (first guesses, unmeasured: bench/NOTES.md will hold the sweeps)
-# Longest row processed in one piece; longer rows take the column-blocked path.
-MAX_ROW_BLOCK = 8192
-# Column block of the blocked path.
-COL_BLOCK = 4096
+# --- CUDA policy (the wide-row figures: ``python -m bench.lab.probe_rms_norm_wide``, bench/lab/NOTES.md)
+# Longest row processed in one piece, per direction (backward: True); longer rows take the
+# column-blocked path, which reads x twice.  Whole backward rows of 32768 ran out of resources.
+MAX_ROW_BLOCK = {False: 32768, True: 16384}
+# Column block of the blocked path, and the warps of that path and of whole backward rows this wide.
+COL_BLOCK = 8192
+WIDE_WARPS = 16
 # Elements of a tile of narrow rows (BLOCK_M rows stacked up to this).
 TILE_ELEMENTS = 2048
 BWD_TILE_ELEMENTS = 4096
@@ -54,6 +56,10 @@ BWD_LOOP_STAGES = 3
 BWD_PROGRAMS_PER_SM = 2
 # Backwards of at most this many (padded) elements run as one program, which writes dweight/dbias itself.
 BWD_ONE_PROGRAM_ELEMENTS = 16 * 1024
+# Shared memory the pipelined backward loop may stage: it holds (stages - 1) tiles of x and of dy, and a
+# kernel asking more than a block may have (227 KiB on the H100) fails to launch; beyond it the loop runs
+# unpipelined.
+BWD_PIPELINE_BYTES = 200 * 1024
 
 # --- NPU policy
 NPU_SMALL_ROW_MAX_COLS = 4096
@@ -83,26 +89,34 @@ class Plan:
         return self.programs < cdiv(n_rows, self.block_m)
 
 
-def _cuda_warps(tile: int) -> int:
+def _cuda_warps(tile: int, backward: bool) -> int:
     # One warp per 1024 elements of a tile, 1 to 16: poly_norm's forward measured 1 warp best up to 1024.
+    # Whole backward rows of 8192 and more run best with WIDE_WARPS.
+    if backward and tile >= 8192:
+        return WIDE_WARPS
     return max(1, min(16, tile // 1024))
 
 
+def _bwd_loop_stages(tile: int, itemsize: int) -> int:
+    """BWD_LOOP_STAGES where its staged tiles of x and dy fit BWD_PIPELINE_BYTES, else 1 (no staging)."""
+    return BWD_LOOP_STAGES if 2 * (BWD_LOOP_STAGES - 1) * tile * itemsize <= BWD_PIPELINE_BYTES else 1
+
+
 @functools.lru_cache(maxsize=1024)
-def cuda(n_rows: int, n_cols: int, backward: bool, sms: int) -> Plan:
+def cuda(n_rows: int, n_cols: int, backward: bool, sms: int, itemsize: int) -> Plan:
+    """The CUDA plan for ``n_rows`` rows of ``n_cols`` elements of ``itemsize`` bytes."""
     block = next_pow2(n_cols)
-    if block > MAX_ROW_BLOCK:
-        if not backward:
-            return Plan(False, 1, COL_BLOCK, n_rows, _cuda_warps(COL_BLOCK))
-        return Plan(False, 1, COL_BLOCK, max(1, min(n_rows, sms * BWD_PROGRAMS_PER_SM)), _cuda_warps(COL_BLOCK))
+    if block > MAX_ROW_BLOCK[backward]:
+        programs = max(1, min(n_rows, sms * BWD_PROGRAMS_PER_SM)) if backward else n_rows
+        return Plan(False, 1, COL_BLOCK, programs, WIDE_WARPS)
     target = BWD_TILE_ELEMENTS if backward else TILE_ELEMENTS
     block_m = max(1, min(target // block, next_pow2(n_rows)))
-    warps = _cuda_warps(block_m * block)
+    warps = _cuda_warps(block_m * block, backward)
     blocks = cdiv(n_rows, block_m)
     if not backward:
         return Plan(True, block_m, block, blocks, warps)
     programs = 1 if blocks * block_m * block <= BWD_ONE_PROGRAM_ELEMENTS else min(blocks, sms * BWD_PROGRAMS_PER_SM)
-    return Plan(True, block_m, block, programs, warps, BWD_LOOP_STAGES)
+    return Plan(True, block_m, block, programs, warps, _bwd_loop_stages(block_m * block, itemsize))
 
 
 def npu_tile_elements(
