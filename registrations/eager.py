@@ -17,8 +17,13 @@ for every call with that signature.  ``Calls`` keeps, per op, one prepared
 strides, dtype, device, 16-byte alignment and the two dispatch-key bits a
 plain tensor can carry, and each scalar with its type), made by the entry's
 ``Prepare`` form (``define.Prepare``) or, without one, the entry itself.
-A call then costs one key, one dict lookup, the output allocations and the
-launches.
+The few signatures an op saw last are also kept as ``Hit``s, checked by
+torch's C++ tensor guards (the check Dynamo runs on a compiled graph's
+inputs: dispatch keys, dtype, device, requires_grad, sizes, strides) with the
+16-byte alignment and the other arguments' values and types compared
+alongside, a fraction of building the key.  A call then costs one check,
+the output allocations and the launches.  A prepared run is always called
+with its tensors' CUDA device current (its allocations use the current one).
 
 ``eager_call(op)`` is the public entry: ``op`` as a plain callable for
 user-facing code (``liger_nn`` calls every op through it).
@@ -26,6 +31,8 @@ user-facing code (``liger_nn`` calls every op through it).
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +44,9 @@ __all__ = ["eager_call"]
 
 # Signatures kept per op before its cache is dropped (a bound on its memory).
 MAX_SIGNATURES = 512
+# Signatures per op checked by tensor guards before the key is built: an op called alternately at a few
+# shapes (a model's q/k norms and its hidden-size norms) finds each among these.
+MAX_HITS = 4
 
 _Tensor = torch.Tensor
 # The dispatch keys (raw_repr) of a plain dense tensor, per device type found
@@ -49,7 +59,14 @@ _dispatch_keys = torch._C._dispatch_keys
 _mode_stack_depth = torch._C._len_torch_dispatch_stack
 _local_include = torch._C._dispatch_tls_local_include_set
 _is_compiling = torch.compiler.is_compiling
+# Absent from CPU-only builds, where no tensor is on CUDA and it is never called.
+_cuda_device = getattr(torch._C, "_cuda_getDevice", None)
+_data_ptr = _Tensor.data_ptr
 _MISSING = object()
+try:  # the C++ guard Dynamo checks a compiled graph's tensor inputs with
+    from torch._C._dynamo.guards import TensorGuards
+except ImportError:  # pragma: no cover - every supported torch has it
+    TensorGuards = None
 
 
 def _plain_device_type(t: torch.Tensor, keys: Any) -> str | None:
@@ -108,15 +125,77 @@ def signature_key(args: tuple) -> tuple:
     return tuple(key)
 
 
-class Calls:
-    """One op's prepared runs, one per argument signature."""
+class Hit:
+    """A prepared run and what a call must match to take it: the arguments' types, the non-tensor
+    arguments' values, the tensors' guard (TensorGuards) and all tensors 16-byte aligned."""
 
-    __slots__ = ("op", "bound", "runs")
+    __slots__ = ("types", "tensors_of", "others_of", "others", "guards", "run", "cuda_index")
+
+    def __init__(self, args: tuple, run: Callable):
+        tensor_at = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
+        other_at = [i for i, a in enumerate(args) if not isinstance(a, _Tensor)]
+        self.types = tuple(map(type, args))
+        self.tensors_of = _getter(tensor_at)
+        self.others_of = _getter(other_at)
+        self.others = self.others_of(args)
+        tensors = self.tensors_of(args)
+        self.guards = TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        )
+        self.run = run
+        self.cuda_index = _cuda_index(args)
+
+    def matches(self, args: tuple, types: tuple) -> bool:
+        if types != self.types or self.others_of(args) != self.others:
+            return False
+        tensors = self.tensors_of(args)
+        return self.guards.check(*tensors) and not functools.reduce(operator.or_, map(_data_ptr, tensors)) & 15
+
+    @staticmethod
+    def can_keep(args: tuple) -> bool:
+        """Hits are kept for calls of 16-byte-aligned tensors (nearly all); others keep only the key."""
+        tensors = [a for a in args if isinstance(a, _Tensor)]
+        return TensorGuards is not None and bool(tensors) and not any(_data_ptr(t) & 15 for t in tensors)
+
+
+def _getter(positions: list[int]) -> Callable[[tuple], tuple]:
+    """args -> the tuple of args at these positions."""
+    if len(positions) == 1:
+        (i,) = positions
+        return lambda args: (args[i],)
+    return operator.itemgetter(*positions) if positions else lambda args: ()
+
+
+def _cuda_index(args: tuple) -> int:
+    """The CUDA device index of the arguments' tensors (all on one device), -1 off CUDA."""
+    first = next(a for a in args if isinstance(a, _Tensor))
+    return first.get_device() if first.is_cuda else -1
+
+
+def _on_device(index: int, run: Callable, *args):
+    with torch.cuda.device(index):
+        return run(*args)
+
+
+def _with_current_device(run: Callable | None, cuda_index: int) -> Callable | None:
+    """``run``, made to run with CUDA device ``cuda_index`` current where another one is."""
+    if run is None or cuda_index < 0 or _cuda_device() == cuda_index:
+        return run
+    return functools.partial(_on_device, cuda_index, run)
+
+
+class Calls:
+    """One op's prepared runs, one per argument signature, the last few as ``Hit``s."""
+
+    __slots__ = ("op", "bound", "runs", "hits")
 
     def __init__(self, op: torch._ops.OpOverload):
         self.op = op
         self.bound = BOUND[op]
         self.runs: dict[tuple, Callable | None] = {}
+        self.hits: list[Hit] = []
 
     def run_for(self, args: tuple) -> Callable | None:
         """The prepared ``run(*args)`` (every schema argument, in order) for
@@ -125,6 +204,11 @@ class Calls:
         check is never cached)."""
         if _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE:
             return None
+        types = tuple(map(type, args))
+        for hit in self.hits:
+            if hit.matches(args, types):
+                index, run = hit.cuda_index, hit.run  # _with_current_device inline: every prepared call's path
+                return run if index < 0 or _cuda_device() == index else functools.partial(_on_device, index, run)
         try:
             key = signature_key(args)
         except RuntimeError:
@@ -135,7 +219,12 @@ class Calls:
             if len(self.runs) >= MAX_SIGNATURES:
                 self.runs.clear()
             self.runs[key] = run
-        return run
+        if run is None:
+            return None
+        if Hit.can_keep(args):
+            self.hits.insert(0, Hit(args, run))
+            del self.hits[MAX_HITS:]
+        return _with_current_device(run, _cuda_index(args))
 
     def _prepare(self, args: tuple) -> Callable | None:
         entry = direct_entry(self.op, args)

@@ -122,3 +122,51 @@ def test_rope_and_poly_norm_eager_calls_match_the_ops():
     gs = [torch.autograd.grad(y.square().sum(), (x, w, bias)) for y in ys]
     for a, b in zip((ys[0], *gs[0]), (ys[1], *gs[1]), strict=True):
         assert torch.equal(a, b)
+
+
+def _rms_args(x, w, eps=1e-6):
+    return (x, w, eps, 0.0, "llama")
+
+
+def test_a_kept_signature_matches_only_calls_of_that_signature():
+    """A Hit (a prepared run kept with its guard) serves a call only where
+    every property the run depends on is the same: any other stride, dtype,
+    dispatch key (negative view, inference), alignment, scalar value or
+    scalar type must miss, and a fresh tensor of the same signature hit."""
+    x = torch.randn(8, 64, device=DEVICE)
+    w = torch.randn(64, device=DEVICE)
+    args = _rms_args(x, w)
+    hit = eager.Hit(args, lambda *a: None)
+
+    def matches(args):
+        return hit.matches(args, tuple(map(type, args)))
+
+    assert matches(_rms_args(torch.randn(8, 64, device=DEVICE), torch.randn(64, device=DEVICE)))
+    with torch.inference_mode():
+        inference = torch.randn(8, 64, device=DEVICE)
+    misses = {
+        "strides": _rms_args(torch.randn(64, 8, device=DEVICE).t(), w),
+        "shape": _rms_args(torch.randn(4, 64, device=DEVICE), w),
+        "dtype": _rms_args(x.double(), w),
+        "negative view": _rms_args(x._neg_view(), w),
+        "inference tensor": _rms_args(inference, w),
+        "requires_grad": _rms_args(x.detach().requires_grad_(), w),
+        "misaligned": _rms_args(torch.randn(8 * 64 + 1, device=DEVICE)[1:].view(8, 64), w),
+        "scalar value": _rms_args(x, w, 1e-5),
+        "scalar type": (x, w, 1e-6, 0, "llama"),
+        "absent weight": _rms_args(x, None),
+    }
+    for name, other in misses.items():
+        assert not matches(other), name
+
+
+def test_alternating_signatures_each_keep_their_run():
+    """An op called at two signatures in turn (a model's hidden-size and per-head norms) takes each one's
+    own prepared run, with results equal to the op's."""
+    rms_norm = eager.eager_call(torch.ops.liger.rms_norm)
+    wide, narrow = torch.randn(4, 256, device=DEVICE), torch.randn(4, 8, 32, device=DEVICE)
+    w_wide, w_narrow = torch.randn(256, device=DEVICE), torch.randn(32, device=DEVICE)
+    for _ in range(3):
+        for x, w in ((wide, w_wide), (narrow, w_narrow)):
+            torch.testing.assert_close(rms_norm(x, w, 1e-6), torch.ops.liger.rms_norm(x, w, 1e-6), rtol=0, atol=0)
+    assert len(eager.calls_of(torch.ops.liger.rms_norm.default).hits) >= 2

@@ -25,6 +25,7 @@ import torch
 import triton.language as tl
 
 from csrc_free_ops import device
+from csrc_free_ops.alloc import empty_like_maker, empty_maker
 from csrc_free_ops.glu import kernels, plan, reference
 from csrc_free_ops.glu.plan import Plan
 from csrc_free_ops.launcher import Launcher
@@ -118,10 +119,10 @@ def prepare_cuda_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) 
     n = gate.numel()
     p = plan.cuda(1, n)
     launch = _launcher(False, p, p.walks_tiles(1, n), activation, _compute(gate, up)).bind(p.programs, (n, n, 1, n))
-    shape, dtype, device_ = gate.shape, reference.output_dtype(gate, up), gate.device
+    new_y = empty_maker(gate.shape, gate.stride(), reference.output_dtype(gate, up), gate.device)
 
     def run(gate, up):
-        y = torch.empty(shape, dtype=dtype, device=device_)
+        y = new_y()
         launch(gate, up, y)
         return y
 
@@ -137,10 +138,11 @@ def prepare_cuda_backward(
     p = plan.cuda(1, n)
     launcher = _launcher(True, p, p.walks_tiles(1, n), activation, _compute(gate, up))
     launch = launcher.bind(p.programs, (n, n, n, 1, n))
+    new_dgate, new_dup = empty_like_maker(gate), empty_like_maker(up)
 
     def run(grad_out, gate, up):
-        dgate = torch.empty_like(gate)
-        dup = torch.empty_like(up)
+        dgate = new_dgate()
+        dup = new_dup()
         launch(grad_out, gate, up, dgate, dup)
         return dgate, dup
 

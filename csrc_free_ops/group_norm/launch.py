@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from csrc_free_ops import device
+from csrc_free_ops.alloc import empty_like_maker, empty_maker
 from csrc_free_ops.group_norm import layout, plan, reference, residency
 from csrc_free_ops.group_norm.plan import Plan, Problem
 from csrc_free_ops.group_norm.residency import CudaDevice
@@ -233,6 +234,11 @@ def _in_layout(t: torch.Tensor, is_channels_last: bool) -> bool:
     return layout.dense_channels_last(t) if is_channels_last else t.is_contiguous()
 
 
+def _workspace_maker(size: int, dtype: torch.dtype, dev: torch.device) -> Callable | None:
+    """A maker of the plan's workspace of ``size`` elements (None where it has none)."""
+    return empty_maker((size,), (1,), dtype, dev) if size else None
+
+
 def _bound_steps(p: Plan, x: torch.Tensor, num_groups: int, eps: float) -> tuple:
     scalars = (*_dims(x, p), num_groups, p.chunk, eps)
     return tuple(launcher.bind(grid, scalars) for launcher, grid in _launches(p))
@@ -242,15 +248,14 @@ def _prepared_forward(x, num_groups, weight, bias, eps, p: Plan) -> Callable:
     if not _bindable(p, x, weight, bias):
         return lambda x, num_groups, weight, bias, eps, activation="none": forward(x, num_groups, weight, bias, eps, p)
     steps = _bound_steps(p, x, num_groups, eps)
-    workspace_shape, workspace_dtype, dev = p.workspace_size, _compute_dtype(x), x.device
-
-    fmt = _output_format(x)
+    new_y = empty_like_maker(x, _output_format(x))
+    new_ws = _workspace_maker(p.workspace_size, _compute_dtype(x), x.device)
 
     def run(x, num_groups, weight, bias, eps, activation="none"):
-        y = torch.empty_like(x, memory_format=fmt)
+        y = new_y()
         w = x if weight is None else weight  # a parameter the plan's kernels never read
         b = x if bias is None else bias
-        ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
+        ws = x if new_ws is None else new_ws()
         for step in steps:
             step(x, w, b, y, ws, x)
         return y
@@ -264,17 +269,17 @@ def _prepared_backward(grad_out, x, num_groups, weight, bias, eps, p: Plan | Non
             grad_out, x, num_groups, weight, bias, eps, p
         )
     steps = _bound_steps(p, x, num_groups, eps)
-    workspace_shape, workspace_dtype, dev, c = p.workspace_size, _compute_dtype(x), x.device, x.shape[1]
-    weight_dtype = None if weight is None else weight.dtype
-    bias_dtype = None if bias is None else bias.dtype
-
-    fmt = _output_format(x)
+    dev, c = x.device, x.shape[1]
+    new_dx = empty_like_maker(x, _output_format(x))
+    new_dweight = None if weight is None else empty_maker((c,), (1,), weight.dtype, dev)
+    new_dbias = None if bias is None else empty_maker((c,), (1,), bias.dtype, dev)
+    new_ws = _workspace_maker(p.workspace_size, _compute_dtype(x), dev)
 
     def run(grad_out, x, num_groups, weight, bias, eps, activation="none"):
-        dx = torch.empty_like(x, memory_format=fmt)
-        dweight = None if weight_dtype is None else torch.empty(c, dtype=weight_dtype, device=dev)
-        dbias = None if bias_dtype is None else torch.empty(c, dtype=bias_dtype, device=dev)
-        ws = torch.empty(workspace_shape, dtype=workspace_dtype, device=dev) if workspace_shape else x
+        dx = new_dx()
+        dweight = None if new_dweight is None else new_dweight()
+        dbias = None if new_dbias is None else new_dbias()
+        ws = x if new_ws is None else new_ws()
         tensors = (grad_out, x, x if weight is None else weight, x if bias is None else bias, dx,
                    x if dweight is None else dweight, x if dbias is None else dbias, ws, x)  # fmt: skip
         for step in steps:

@@ -18,6 +18,7 @@ import torch
 import triton.language as tl
 
 from csrc_free_ops import device
+from csrc_free_ops.alloc import empty_like_maker, empty_maker
 from csrc_free_ops.host_math import next_pow2
 from csrc_free_ops.launcher import Launcher, placeholder
 from csrc_free_ops.poly_norm import kernels, plan, reference
@@ -109,9 +110,10 @@ def _prepared_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, p: Plan
         return lambda x, weight, bias, eps: forward(x, weight, bias, eps, p)
     scalars = (n_cols, 1, n_cols, n_rows, n_cols, eps)
     launch = _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0]).bind(p.programs, scalars)
+    new_y = empty_like_maker(x)
 
     def run(x, weight, bias, eps):
-        y = torch.empty_like(x)
+        y = new_y()
         launch(x, weight, bias, y)
         return y
 
@@ -129,16 +131,20 @@ def _prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Te
     # One program writes the parameter gradients itself: one launch.
     reduce = None if programs == 1 else _reduce_launcher(min(next_pow2(programs), MAX_REDUCE_BLOCK), p.num_warps)
     reduce = None if reduce is None else reduce.bind(1, (programs,))
-    partials_shape = (programs, kernels.N_PARTIALS.value)
+    new_dx = empty_like_maker(x)
+    new_dweight = empty_maker((3,), (1,), weight_dtype, device_)
+    new_dbias = empty_maker((1,), (1,), weight_dtype, device_)
+    n_partials = kernels.N_PARTIALS.value
+    new_partials = empty_maker((programs, n_partials), (n_partials, 1), partial_dtype, device_)
 
     def run(grad_out, x, weight, eps):
-        dx = torch.empty_like(x)
-        dweight = torch.empty(3, dtype=weight_dtype, device=device_)
-        dbias = torch.empty(1, dtype=weight_dtype, device=device_)
+        dx = new_dx()
+        dweight = new_dweight()
+        dbias = new_dbias()
         if reduce is None:
             tile(grad_out, x, weight, dx, dweight, dweight, dbias)
         else:
-            partials = torch.empty(partials_shape, dtype=partial_dtype, device=device_)
+            partials = new_partials()
             tile(grad_out, x, weight, dx, partials, dweight, dbias)
             reduce(partials, dweight, dbias)
         return dx, dweight, dbias

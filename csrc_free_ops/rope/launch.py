@@ -23,6 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 from csrc_free_ops import device
+from csrc_free_ops.alloc import empty_like_maker
 from csrc_free_ops.launcher import Launcher, placeholder, scalar_specialization, tracing
 from csrc_free_ops.rope import DEFAULT_OPTIONS, RopeOptions, kernels, plan, reference
 from csrc_free_ops.rope.plan import Plan, Problem
@@ -360,8 +361,10 @@ def _prepared(q, k, cos, sin, options: RopeOptions, p: Plan, transpose: bool) ->
 
         return run_views
 
+    new_q_out, new_k_out = empty_like_maker(q), empty_like_maker(k)
+
     def run(q, k, cos, sin, position_ids, cu_seqlens, *fixed):
-        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        q_out, k_out = new_q_out(), new_k_out()
         # kernel_tensors' order; absent ids take cos, never read
         launch(q, k, q_out, k_out, cos, sin, cos if position_ids is None else position_ids,
                cos if cu_seqlens is None else cu_seqlens)  # fmt: skip

@@ -1,0 +1,34 @@
+"""Allocating a prepared call's outputs (registrations/eager.py).
+
+A prepared run's outputs have the same shape, strides, dtype and device on
+every call, so the allocation can be fixed once: ``empty_maker(...)`` returns a
+callable taking no arguments.  On CUDA it is the caching allocator's entry that
+the code Inductor generates calls (``torch._C._dynamo.guards._empty_strided_cuda``:
+no argument parsing, no dispatcher), a third of ``torch.empty_like``'s host
+cost; it allocates on the *current* device, so a prepared run must be called
+with its tensors' device current (``Calls.run_for`` makes it so).  Elsewhere, or
+on a torch without that entry, it is ``torch.empty_strided``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+_CUDA_EMPTY = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards, "_empty_strided_cuda", None)
+
+
+def empty_maker(shape, stride, dtype: torch.dtype, device: torch.device) -> Callable[[], torch.Tensor]:
+    """A callable returning a new uninitialized tensor of this layout, on ``device`` (the current one)."""
+    shape, stride = tuple(shape), tuple(stride)
+    if device.type == "cuda" and _CUDA_EMPTY is not None:
+        return functools.partial(_CUDA_EMPTY, shape, stride, dtype)
+    return functools.partial(torch.empty_strided, shape, stride, dtype=dtype, device=device)
+
+
+def empty_like_maker(t: torch.Tensor, memory_format=torch.preserve_format) -> Callable[[], torch.Tensor]:
+    """``empty_maker`` with the layout ``torch.empty_like(t, memory_format=...)`` gives."""
+    sample = torch.empty_like(t, memory_format=memory_format)
+    return empty_maker(sample.shape, sample.stride(), sample.dtype, sample.device)
