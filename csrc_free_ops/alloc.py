@@ -4,9 +4,9 @@ A prepared run's outputs have the same shape, strides, dtype and device on
 every call, so the allocation can be fixed once: ``empty_maker(...)`` returns a
 callable taking no arguments.  On CUDA it is the caching allocator's entry that
 the code Inductor generates calls (``torch._C._dynamo.guards._empty_strided_cuda``:
-no argument parsing, no dispatcher), a third of ``torch.empty_like``'s host
-cost; it allocates on the *current* device, so a prepared run must be called
-with its tensors' device current (``Calls.run_for`` makes it so).  Elsewhere, or
+no argument parsing, no dispatcher); it allocates on the *current* device, so a
+prepared run must be called with its tensors' device current (``Calls.run_for``
+makes it so).  Elsewhere, or
 on a torch without that entry, it is ``torch.empty_strided``.
 """
 
