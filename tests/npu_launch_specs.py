@@ -248,6 +248,7 @@ ROPE_SHAPES = (  # (B, Hq, Hk, S, D, R[, layout])
 GN_SHAPES = (  # (x shape, groups, affine)
     ((2, 32, 8, 8), 8, "wb"),  # whole group in one tile
     ((2, 32, 8, 8), 8, ""),
+    ((4, 32, 16, 16), 8, ""),  # whole, above the one-program backward's bound: per-row programs
     ((4, 16, 24, 24), 4, "w"),  # whole group at the forward's UB bound
     ((2, 16, 16, 32), 4, "wb"),  # whole group at the backward's UB bound
     ((2, 16, 32, 64), 4, "wb"),  # whole forward at its UB bound; split backward, whole with the UB doubled

@@ -499,10 +499,11 @@ def test_looped_forward_keeps_x_in_l2_only_when_the_groups_in_flight_fit():
     assert dict(step.constexprs)["STATS_EVICT"] == ""
 
 
-def test_workspace_layouts_name_each_row_once():
+def test_workspace_layouts_name_each_row_once(monkeypatch):
     """Per-group backward keeps two rows (dweight, dbias terms); the split and
     one-pass backward five, the forward two; finalize plans add their
     per-(sample, group) statistics."""
+    monkeypatch.setattr(plan, "WHOLE_ONE_PROGRAM_ELEMENTS", 0)  # the per-row backward, not the one-program one
     pb = _pb(2, 6, 35, groups=3, itemsize=4, backward=True)
     whole = small_plan(pb, "whole")
     assert whole.workspace == workspace.PARAM_TERMS and whole.workspace_size == 2 * 2 * 6
@@ -847,3 +848,34 @@ def test_channels_last_never_plans_one_pass():
         assert plan.cuda(pb, h200).path in ("whole", "looped", "split", "nhwc")
         with pytest.raises(ValueError, match="contiguous x only"):
             plan.one_pass(pb, 2, 1024, 1, 4, False, 64)
+
+
+def test_a_tiny_whole_backward_is_one_launch_writing_the_parameter_grads():
+    """At most WHOLE_ONE_PROGRAM_ELEMENTS: one program, no workspace, no reduce launch (the host's
+    second launch and allocation cost more there); above it the per-row programs and the reduce."""
+    tiny = plan.cuda(_pb(2, 8, 16, groups=4, backward=True), H200)
+    assert tiny.path == "whole" and len(tiny.steps) == 1 and tiny.workspace_size == 0
+    assert tiny.steps[0].grid == 1 and dict(tiny.steps[0].constexprs)["DIRECT_GRADS"]
+    larger = plan.cuda(_pb(2, 64, 256, groups=8, backward=True), H200)
+    assert larger.path == "whole" and len(larger.steps) == 2 and larger.steps[0].grid > 1
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+def test_one_program_backward_matches_the_per_row_one(affine, monkeypatch):
+    """The one-program backward (sums over samples in registers) and the per-row programs plus reduce
+    give the same gradients, to float32 rounding, with each parameter present or absent."""
+    x = torch.randn(3, 8, 5, 7, device=DEVICE)
+    dy = torch.randn_like(x)
+    w = torch.randn(8, device=DEVICE) if affine in ("both", "weight") else None
+    b = torch.randn(8, device=DEVICE) if affine in ("both", "bias") else None
+    pb = Problem(3, 8, 35, 4, 4, w is not None, b is not None, True)
+    one = plan.whole(pb, 64, (), (2, 8, 1, ()))
+    monkeypatch.setattr(plan, "WHOLE_ONE_PROGRAM_ELEMENTS", 0)
+    rows = plan.whole(pb, 64, (), (2, 8, 1, ()))
+    assert len(one.steps) == 1 and len(rows.steps) == (2 if affine != "none" else 1)
+    got = launch.backward(dy, x, 4, w, b, 1e-5, one)
+    want = launch.backward(dy, x, 4, w, b, 1e-5, rows)
+    for g, r in zip(got, want, strict=True):
+        assert (g is None) == (r is None)
+        if g is not None:
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)

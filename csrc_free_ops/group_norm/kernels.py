@@ -266,38 +266,69 @@ def fwd_whole_kernel(
 
 
 @triton.jit
+def _whole_row_backward(grad_out, x, weight, bias, dx, row, num_groups, cpg, C, HW, stride_c, stride_s, size, eps,
+                        HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_HW: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+    """dx of the (sample, group) ``row``; its channels' sum(dy * xhat) and sum(dy), and their mask."""
+    offs, mask, ch, c_mask = _whole_tile(row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
+    d, var = _whole_group(x, offs, mask, cpg, HW, COMPUTE)
+    rstd = _rsqrt_eps(var, eps)
+    dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
+    xhat = d * rstd
+    cs = (row % num_groups) * cpg + ch
+    w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
+    if ACTIVATION != "none":
+        z = xhat * w[:, None] + _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)[:, None]
+        dy = _activation_grad(dy, z, ACTIVATION)
+    g = dy * w[:, None]
+    mg = tl.sum(tl.sum(g, 1), 0) / size
+    mgx = tl.sum(tl.sum(g * xhat, 1), 0) / size
+    tl.store(dx + offs, _narrow(rstd * (g - mg - xhat * mgx), dx.dtype.element_ty), mask=mask)
+    return tl.sum(dy * xhat, 1), tl.sum(dy, 1), c_mask
+
+
+@triton.jit
 def bwd_whole_kernel(
     grad_out, x, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW, stride_c, stride_s,
     num_groups, chunk, eps: tl.float64,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACTIVATION: tl.constexpr, PARAM_GRADS: tl.constexpr,
     DWEIGHT_ROW: tl.constexpr, DBIAS_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-    COMPUTE: tl.constexpr,
+    COMPUTE: tl.constexpr, DIRECT_GRADS: tl.constexpr,
 ):  # fmt: skip
     """dx, and with PARAM_GRADS each (sample, channel)'s sum(dy * xhat) and
-    sum(dy) (the plan's segments are whole channels: chunk = HW)."""
+    sum(dy) (the plan's segments are whole channels: chunk = HW).  With
+    DIRECT_GRADS (one program) it walks each group's samples in turn and
+    writes dweight and dbias itself: no workspace, no reduce launch."""
     cpg = C // num_groups
-    n_segments = tl.cast(N, tl.int64) * C
     size = _group_size(cpg, HW, COMPUTE)
-    for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
-        row = tl.cast(row, tl.int64)
-        offs, mask, ch, c_mask = _whole_tile(row, num_groups, cpg, C, HW, stride_c, stride_s, BLOCK_C, BLOCK_HW)
-        d, var = _whole_group(x, offs, mask, cpg, HW, COMPUTE)
-        rstd = _rsqrt_eps(var, eps)
-        dy = tl.load(grad_out + offs, mask=mask, other=0.0).to(COMPUTE)
-        xhat = d * rstd
-        cs = (row % num_groups) * cpg + ch
-        w = _channel_param(weight, cs, c_mask, HAS_W, 1.0, BLOCK_C, COMPUTE)
-        if ACTIVATION != "none":
-            z = xhat * w[:, None] + _channel_param(bias, cs, c_mask, HAS_B, 0.0, BLOCK_C, COMPUTE)[:, None]
-            dy = _activation_grad(dy, z, ACTIVATION)
-        g = dy * w[:, None]
-        mg = tl.sum(tl.sum(g, 1), 0) / size
-        mgx = tl.sum(tl.sum(g * xhat, 1), 0) / size
-        tl.store(dx + offs, _narrow(rstd * (g - mg - xhat * mgx), dx.dtype.element_ty), mask=mask)
-        if PARAM_GRADS:
-            seg = row * cpg + ch  # n * C + channel
-            tl.store(workspace + DWEIGHT_ROW * n_segments + seg, tl.sum(dy * xhat, 1), mask=c_mask)
-            tl.store(workspace + DBIAS_ROW * n_segments + seg, tl.sum(dy, 1), mask=c_mask)
+    if DIRECT_GRADS:
+        for g in range(num_groups):
+            cs = g * cpg + tl.arange(0, BLOCK_C)
+            acc_w = tl.zeros([BLOCK_C], dtype=COMPUTE)
+            acc_b = tl.zeros([BLOCK_C], dtype=COMPUTE)
+            for n in range(N):
+                row = tl.cast(n, tl.int64) * num_groups + g
+                sum_w, sum_b, c_mask = _whole_row_backward(
+                    grad_out, x, weight, bias, dx, row, num_groups, cpg, C, HW, stride_c, stride_s, size, eps,
+                    HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, COMPUTE)  # fmt: skip
+                acc_w += sum_w
+                acc_b += sum_b
+            c_mask = tl.arange(0, BLOCK_C) < cpg
+            if HAS_W:
+                tl.store(dweight + cs, _narrow(acc_w, dweight.dtype.element_ty), mask=c_mask)
+            if HAS_B:
+                tl.store(dbias + cs, _narrow(acc_b, dbias.dtype.element_ty), mask=c_mask)
+    else:
+        n_segments = tl.cast(N, tl.int64) * C
+        for row in tl.range(tl.program_id(0), tl.cast(N, tl.int64) * num_groups, tl.num_programs(0)):
+            row = tl.cast(row, tl.int64)
+            sum_w, sum_b, c_mask = _whole_row_backward(
+                grad_out, x, weight, bias, dx, row, num_groups, cpg, C, HW, stride_c, stride_s, size, eps,
+                HAS_W, HAS_B, ACTIVATION, BLOCK_C, BLOCK_HW, COMPUTE)  # fmt: skip
+            if PARAM_GRADS:
+                seg = row * cpg + tl.arange(0, BLOCK_C)  # n * C + channel
+                tl.store(workspace + DWEIGHT_ROW * n_segments + seg, sum_w, mask=c_mask)
+                tl.store(workspace + DBIAS_ROW * n_segments + seg, sum_b, mask=c_mask)
 
 
 # --- one-pass (CUDA): a team of resident programs per group, partials through the workspace

@@ -9,7 +9,9 @@ group) is a *row* of cpg = C // num_groups channels x HW positions.  Paths
 
 * whole: a group whose padded [channels, spatial] tile fits one program is
   normalized from registers, one program per row (one launch forward, one
-  plus the dweight / dbias reduce backward);
+  plus the dweight / dbias reduce backward; a backward of at most
+  ``WHOLE_ONE_PROGRAM_ELEMENTS`` runs as one program that writes dweight and
+  dbias itself: one launch, no workspace);
 * one-pass (CUDA only): a team of programs holds each group, one tile each,
   exchanging per-channel partials through the workspace across a barrier,
   so x (and dy) are read once (one launch, plus the reduce backward);
@@ -153,6 +155,9 @@ ONE_PASS_PREFETCH = True
 # instead of one-pass: the one-pass launch's zeroed counters and cooperative
 # launch cost more than its single read of x saves there.
 ONE_PASS_MIN_BYTES = 16 * 2**20
+# A whole-path backward of at most this many elements runs as one program (rms_norm's bound): on inputs
+# this small the host's second launch and workspace cost more than the parallelism saves.
+WHOLE_ONE_PROGRAM_ELEMENTS = 16 * 1024
 # Looped groups need enough rows per SM to beat split.
 FWD_LOOP_ROWS_PER_SM, BWD_LOOP_ROWS_PER_SM = 0.36, 0.85
 FWD_LOOP_TILE = {2: 8192, 4: 16384, 8: 8192}
@@ -237,6 +242,11 @@ def whole(pb: Problem, grid_cap: int, options: tuple, reduce: tuple[int, int, in
     if not pb.backward:
         return _plan(pb, "whole", [Step(kernels.fwd_whole_kernel, grid, _flags(pb) + block + _common(pb), options)],
                      pb.hw, NO_WORKSPACE)  # fmt: skip
+    if pb.n * pb.c * pb.hw <= WHOLE_ONE_PROGRAM_ELEMENTS:
+        flags = _flags(pb) + (("PARAM_GRADS", False), ("DWEIGHT_ROW", 0), ("DBIAS_ROW", 0), ("DIRECT_GRADS", True))
+        step = Step(kernels.bwd_whole_kernel, 1, flags + block + _common(pb), options)
+        return _plan(pb, "whole", [step], pb.hw, NO_WORKSPACE)
+    block += (("DIRECT_GRADS", False),)
     return _per_group_backward(pb, "whole", kernels.bwd_whole_kernel, grid, block, options, reduce)
 
 
