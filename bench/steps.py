@@ -40,6 +40,10 @@ CUDA-graph recording is done), then on CUDA:
 A step of these sizes is far larger than L2, so no flush is done between steps.
 A provider that raises (patching, compiling, OOM, a non-finite loss) becomes an
 error row; a provider that does not apply becomes a skip row with the reason.
+In the compiled modes each provider runs in a spawned child process of its own,
+so one that kills its process (an illegal memory access poisons the CUDA
+context) becomes a crashed row (how it exited, the last error line on its
+stderr) and the other providers still run.
 A reduce-overhead row whose graph Inductor ran without CUDA graphs ("skipping
 cudagraphs due to ...", e.g. upstream's LigerGroupNorm: Dynamo cannot analyse
 its Triton kernel, so it takes every input as mutated) says so in the notes.
@@ -60,13 +64,20 @@ libraries' warnings).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
 import math
+import multiprocessing
+import os
 import platform
+import re
+import signal
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -343,34 +354,121 @@ def _time_group(group: list[Prepared], args) -> None:
 def run_config(model: str, shape, layout: str, mode: str, providers: Sequence[str], args) -> list[dict[str, Any]]:
     base_record = {"model": model, "shape": list(shape), "label": shape_label(model, shape), "layout": layout}
     base_record["mode"] = mode
-    per_instance = step_providers.per_instance(model)
-    # Providers interleave their rounds in eager mode only.  Compiled modes run each provider's rounds in turn,
-    # after a dynamo reset: compiled code guards on a process-wide swap, and providers sharing one dynamo cache
-    # recompile the same step function against each other's modules.
+    # Providers interleave their rounds in eager mode only.  Compiled modes run each provider's rounds in turn:
+    # compiled code guards on a process-wide swap, and providers sharing one dynamo cache recompile the same
+    # step function against each other's modules.
     interleaved = mode == "eager"
     base_record["interleaved"] = interleaved
-    groups = [list(providers)] if interleaved else [[p] for p in providers]
-    records: list[dict[str, Any]] = []
-    for names in groups:
-        torch._dynamo.reset()
-        prepared: list[Prepared] = []
-        for name in names:
-            got = _prepare(model, shape, layout, mode, name, args, base_record, per_round=not per_instance)
-            if isinstance(got, Prepared):
-                prepared.append(got)
-            else:
-                records.append(got)
-        try:
-            _time_group(prepared, args)
-        finally:
-            for p in prepared:
-                records.append(_finish(p))
-                p.undo()
-            prepared.clear()
-            torch._dynamo.reset()
-            _free(args.device)
+    if interleaved:
+        records = _run_group(model, shape, layout, mode, providers, args, base_record)
+    else:
+        records = [r for p in providers for r in _run_isolated(model, shape, layout, mode, p, args, base_record)]
     order = {name: i for i, name in enumerate(providers)}
     return sorted(records, key=lambda r: order[r["provider"]])
+
+
+def _run_group(
+    model: str, shape, layout: str, mode: str, providers: Sequence[str], args, base_record: dict
+) -> list[dict[str, Any]]:
+    """Prepare ``providers`` in this process and time them together, with a dynamo reset before and after."""
+    per_instance = step_providers.per_instance(model)
+    records: list[dict[str, Any]] = []
+    torch._dynamo.reset()
+    prepared: list[Prepared] = []
+    for name in providers:
+        got = _prepare(model, shape, layout, mode, name, args, base_record, per_round=not per_instance)
+        if isinstance(got, Prepared):
+            prepared.append(got)
+        else:
+            records.append(got)
+    try:
+        _time_group(prepared, args)
+    finally:
+        for p in prepared:
+            records.append(_finish(p))
+            p.undo()
+        prepared.clear()
+        torch._dynamo.reset()
+        _free(args.device)
+    return records
+
+
+def _run_isolated(
+    model: str, shape, layout: str, mode: str, provider: str, args, base_record: dict
+) -> list[dict[str, Any]]:
+    """``provider`` alone in a spawned child process (``_child``): an illegal memory access poisons the CUDA
+    context for the rest of its process, so a provider that causes one must not take the others' rows with it.
+    The child's records, or one ``crashed`` record when it died before writing them."""
+    with tempfile.TemporaryDirectory(prefix="bench-steps-") as tmp:
+        records_path, stderr_path = Path(tmp) / "records.json", Path(tmp) / "stderr.txt"
+        config = (model, shape, layout, mode, provider)
+        child = multiprocessing.get_context("spawn").Process(
+            target=_child, args=(config, args, base_record, str(records_path)), name=f"bench.steps {provider}"
+        )
+        try:
+            with _stderr_to(stderr_path):
+                child.start()
+            child.join()
+        finally:
+            if child.is_alive():
+                child.terminate()
+                child.join()
+        stderr = stderr_path.read_text(errors="replace")
+        sys.stderr.write(stderr)
+        sys.stderr.flush()
+        # Records written before a crash (e.g. at the CUDA context's teardown) are complete: keep them.
+        if records_path.exists():
+            return json.loads(records_path.read_text())
+        error = f"{_exit_reason(child.exitcode)}: {_error_line(stderr)}"
+        return [dict(base_record, provider=provider, status="crashed", error=error, exitcode=child.exitcode)]
+
+
+def _child(config: tuple, args, base_record: dict, records_path: str) -> None:
+    """The spawned process of ``_run_isolated``: one provider's group, its records written to ``records_path``."""
+    model, shape, layout, mode, provider = config
+    _raise_recompile_limits()
+    records = _run_group(model, shape, layout, mode, [provider], args, base_record)
+    part = Path(records_path + ".part")
+    part.write_text(json.dumps(records))
+    # A whole file or none: the parent reads a missing file as a crash.
+    os.replace(part, records_path)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """File descriptor 2 (Python's and the C++ runtime's stderr) goes to ``path`` while active, so a child
+    started meanwhile inherits it from its first line on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+_ERROR_WORD = re.compile(r"(?i)error\b")
+
+
+def _error_line(stderr: str) -> str:
+    """The last line of ``stderr`` that names an error, else its last line: CUDA's error messages end with
+    advice ("Compile with `TORCH_USE_CUDA_DSA` ...")."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return "nothing on stderr"
+    return next((line for line in reversed(lines) if _ERROR_WORD.search(line)), lines[-1])
 
 
 def shapes_for(model: str, args) -> tuple[tuple[int, ...], ...]:
@@ -561,12 +659,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def _raise_recompile_limits() -> None:
     # Each provider compiles the same loss function's code object once per group; never fall back to eager.
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    _raise_recompile_limits()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     args.log_path = out / "steps.log"

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 
 import pytest
 import torch
@@ -70,6 +71,36 @@ def test_steps_failure_is_a_row_not_a_crash(monkeypatch, tmp_path):
     (record,) = json.loads((tmp_path / "steps.json").read_text())["records"]
     assert record["status"] == "error" and "patch failed" in record["error"]
     assert "error: RuntimeError: patch failed" in (tmp_path / "steps.md").read_text()
+
+
+def _upstream_dies(config, args, base_record, records_path):
+    """Spawned in place of bench.steps._child: upstream's process dies as after an illegal memory access, the
+    other providers run the real child (the child process imports bench.steps unpatched)."""
+    if config[-1] != "upstream":
+        return steps._child(config, args, base_record, records_path)
+    os.write(2, b"RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    os.write(2, b"Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+    os._exit(134)
+
+
+def test_compiled_provider_that_crashes_its_process_is_a_row(monkeypatch, tmp_path):
+    # Upstream first: native, after it, must still run and be timed.
+    monkeypatch.setattr(steps, "_child", _upstream_dies)
+    argv = ["--device", "cpu", "--tiny", "--models", "resnet", "--providers", "upstream,native", "--modes", "compile"]
+    assert steps.main([*argv, "--rounds", "1", "--warmup", "1", "--out", str(tmp_path)]) == 0
+    crashed, native = json.loads((tmp_path / "steps.json").read_text())["records"]
+    assert crashed["provider"] == "upstream" and crashed["status"] == "crashed" and crashed["exitcode"] == 134
+    assert crashed["error"] == "exit code 134: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert native["provider"] == "native" and native["status"] == "ok", native
+    assert native["mode"] == "compile" and not native["interleaved"] and math.isfinite(native["loss"])
+    table = (tmp_path / "steps.md").read_text()
+    assert "| resnet | (1, 8, 4, 4) | contiguous | compile | crashed | " in table
+    assert "compile upstream: crashed: exit code 134: RuntimeError: CUDA error: an illegal memory" in table
+    assert "compile: upstream crashed, native " in (tmp_path / "steps.log").read_text()
+    # A crashed rival has no ratio: liger / upstream stays empty while liger / native is given.
+    liger = dict(native, provider="liger")
+    row = steps.markdown([crashed, native, liger], steps.PROVIDERS).splitlines()[2]
+    assert row.split(" | ")[7:9] == ["1.000x", "–"], row
 
 
 def test_liger_off_leaves_those_ops_as_they_are(tmp_path):
