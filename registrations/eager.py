@@ -205,8 +205,11 @@ class Calls:
         if _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE:
             return None
         types = tuple(map(type, args))
-        for hit in self.hits:
+        hits = self.hits
+        for i, hit in enumerate(hits):
             if hit.matches(args, types):
+                if i:  # the most recent first: a run of calls at one signature checks one Hit each
+                    hits.insert(0, hits.pop(i))
                 index, run = hit.cuda_index, hit.run  # _with_current_device inline: every prepared call's path
                 return run if index < 0 or _cuda_device() == index else functools.partial(_on_device, index, run)
         try:
