@@ -6,8 +6,8 @@ callable taking no arguments.  On CUDA it is the caching allocator's entry that
 the code Inductor generates calls (``torch._C._dynamo.guards._empty_strided_cuda``:
 no argument parsing, no dispatcher); it allocates on the *current* device, so a
 prepared run must be called with its tensors' device current (``Calls.run_for``
-makes it so).  Elsewhere, or
-on a torch without that entry, it is ``torch.empty_strided``.
+makes it so).  Elsewhere, or on a torch without that entry, it is
+``torch.empty_strided``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,25 @@ from collections.abc import Callable
 
 import torch
 
-_CUDA_EMPTY = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards, "_empty_strided_cuda", None)
+try:
+    from torch._C._dynamo.guards import _empty_strided_cuda as _CUDA_EMPTY
+except ImportError:  # pragma: no cover - a torch without it allocates through the dispatcher
+    _CUDA_EMPTY = None
 
 
-def empty_maker(shape, stride, dtype: torch.dtype, device: torch.device) -> Callable[[], torch.Tensor]:
-    """A callable returning a new uninitialized tensor of this layout, on ``device`` (the current one)."""
-    shape, stride = tuple(shape), tuple(stride)
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def empty_maker(shape, dtype: torch.dtype, device: torch.device, stride=None) -> Callable[[], torch.Tensor]:
+    """A callable returning a new uninitialized tensor of this shape and strides (contiguous ones when
+    None), on ``device`` (the current one)."""
+    shape = tuple(shape)
+    stride = _contiguous_strides(shape) if stride is None else tuple(stride)
     if device.type == "cuda" and _CUDA_EMPTY is not None:
         return functools.partial(_CUDA_EMPTY, shape, stride, dtype)
     return functools.partial(torch.empty_strided, shape, stride, dtype=dtype, device=device)
@@ -31,4 +44,4 @@ def empty_maker(shape, stride, dtype: torch.dtype, device: torch.device) -> Call
 def empty_like_maker(t: torch.Tensor, memory_format=torch.preserve_format) -> Callable[[], torch.Tensor]:
     """``empty_maker`` with the layout ``torch.empty_like(t, memory_format=...)`` gives."""
     sample = torch.empty_like(t, memory_format=memory_format)
-    return empty_maker(sample.shape, sample.stride(), sample.dtype, sample.device)
+    return empty_maker(sample.shape, sample.dtype, sample.device, sample.stride())

@@ -131,7 +131,7 @@ class Hit:
 
     __slots__ = ("types", "tensors_of", "others_of", "others", "guards", "run", "cuda_index")
 
-    def __init__(self, args: tuple, run: Callable):
+    def __init__(self, args: tuple, run: Callable, cuda_index: int):
         tensor_at = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
         other_at = [i for i, a in enumerate(args) if not isinstance(a, _Tensor)]
         self.types = tuple(map(type, args))
@@ -145,7 +145,7 @@ class Hit:
             dynamic_dims_strides=[list(t.stride()) for t in tensors],
         )
         self.run = run
-        self.cuda_index = _cuda_index(args)
+        self.cuda_index = cuda_index
 
     def matches(self, args: tuple, types: tuple) -> bool:
         if types != self.types or self.others_of(args) != self.others:
@@ -179,9 +179,9 @@ def _on_device(index: int, run: Callable, *args):
         return run(*args)
 
 
-def _with_current_device(run: Callable | None, cuda_index: int) -> Callable | None:
+def _with_current_device(run: Callable, cuda_index: int) -> Callable:
     """``run``, made to run with CUDA device ``cuda_index`` current where another one is."""
-    if run is None or cuda_index < 0 or _cuda_device() == cuda_index:
+    if cuda_index < 0 or _cuda_device() == cuda_index:
         return run
     return functools.partial(_on_device, cuda_index, run)
 
@@ -224,10 +224,11 @@ class Calls:
             self.runs[key] = run
         if run is None:
             return None
+        index = _cuda_index(args)
         if Hit.can_keep(args):
-            self.hits.insert(0, Hit(args, run))
-            del self.hits[MAX_HITS:]
-        return _with_current_device(run, _cuda_index(args))
+            hits.insert(0, Hit(args, run, index))
+            del hits[MAX_HITS:]
+        return _with_current_device(run, index)
 
     def _prepare(self, args: tuple) -> Callable | None:
         entry = direct_entry(self.op, args)

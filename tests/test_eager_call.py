@@ -136,7 +136,7 @@ def test_a_kept_signature_matches_only_calls_of_that_signature():
     x = torch.randn(8, 64, device=DEVICE)
     w = torch.randn(64, device=DEVICE)
     args = _rms_args(x, w)
-    hit = eager.Hit(args, lambda *a: None)
+    hit = eager.Hit(args, lambda *a: None, eager._cuda_index(args))
 
     def matches(args):
         return hit.matches(args, tuple(map(type, args)))

@@ -119,7 +119,7 @@ def prepare_cuda_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) 
     n = gate.numel()
     p = plan.cuda(1, n)
     launch = _launcher(False, p, p.walks_tiles(1, n), activation, _compute(gate, up)).bind(p.programs, (n, n, 1, n))
-    new_y = empty_maker(gate.shape, gate.stride(), reference.output_dtype(gate, up), gate.device)
+    new_y = empty_maker(gate.shape, reference.output_dtype(gate, up), gate.device)
 
     def run(gate, up):
         y = new_y()

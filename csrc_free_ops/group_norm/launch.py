@@ -236,7 +236,7 @@ def _in_layout(t: torch.Tensor, is_channels_last: bool) -> bool:
 
 def _workspace_maker(size: int, dtype: torch.dtype, dev: torch.device) -> Callable | None:
     """A maker of the plan's workspace of ``size`` elements (None where it has none)."""
-    return empty_maker((size,), (1,), dtype, dev) if size else None
+    return empty_maker((size,), dtype, dev) if size else None
 
 
 def _bound_steps(p: Plan, x: torch.Tensor, num_groups: int, eps: float) -> tuple:
@@ -271,8 +271,8 @@ def _prepared_backward(grad_out, x, num_groups, weight, bias, eps, p: Plan | Non
     steps = _bound_steps(p, x, num_groups, eps)
     dev, c = x.device, x.shape[1]
     new_dx = empty_like_maker(x, _output_format(x))
-    new_dweight = None if weight is None else empty_maker((c,), (1,), weight.dtype, dev)
-    new_dbias = None if bias is None else empty_maker((c,), (1,), bias.dtype, dev)
+    new_dweight = None if weight is None else empty_maker((c,), weight.dtype, dev)
+    new_dbias = None if bias is None else empty_maker((c,), bias.dtype, dev)
     new_ws = _workspace_maker(p.workspace_size, _compute_dtype(x), dev)
 
     def run(grad_out, x, num_groups, weight, bias, eps, activation="none"):

@@ -132,10 +132,9 @@ def _prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Te
     reduce = None if programs == 1 else _reduce_launcher(min(next_pow2(programs), MAX_REDUCE_BLOCK), p.num_warps)
     reduce = None if reduce is None else reduce.bind(1, (programs,))
     new_dx = empty_like_maker(x)
-    new_dweight = empty_maker((3,), (1,), weight_dtype, device_)
-    new_dbias = empty_maker((1,), (1,), weight_dtype, device_)
-    n_partials = kernels.N_PARTIALS.value
-    new_partials = empty_maker((programs, n_partials), (n_partials, 1), partial_dtype, device_)
+    new_dweight = empty_maker((3,), weight_dtype, device_)
+    new_dbias = empty_maker((1,), weight_dtype, device_)
+    new_partials = empty_maker((programs, kernels.N_PARTIALS.value), partial_dtype, device_)
 
     def run(grad_out, x, weight, eps):
         dx = new_dx()

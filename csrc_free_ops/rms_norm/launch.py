@@ -197,9 +197,9 @@ def prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
             cdiv(n_cols, REDUCE_COLUMNS), (p.programs, n_cols, p.block_n)
         )
     new_dx = empty_like_maker(x)
-    new_dweight = empty_maker((n_cols,), (1,), w_dtype, device_) if has_w else None
-    new_dbias = empty_maker((n_cols,), (1,), b_dtype, device_) if has_b else None
-    new_partials = empty_maker((p.programs, p.block_n), (p.block_n, 1), partial_dtype, device_)
+    new_dweight = empty_maker((n_cols,), w_dtype, device_) if has_w else None
+    new_dbias = empty_maker((n_cols,), b_dtype, device_) if has_b else None
+    new_partials = empty_maker((p.programs, p.block_n), partial_dtype, device_)
 
     def run(grad_out, x, weight, bias):
         dx = new_dx()
