@@ -1,7 +1,8 @@
 """An op's autograd: ``register_autograd`` (the formula as the op's Autograd
 kernel, and the direct kernel ``eager_call`` enters), ``call_from_backward``
-(a backward op called from a formula) and ``register_autograd_by_reference``
-(a backward op differentiable through its reference)."""
+(a backward op called from a formula), ``register_autograd_by_reference``
+(a backward op differentiable through its reference) and
+``register_version_bumps`` (an in-place op's ADInplaceOrView kernel)."""
 
 from __future__ import annotations
 
@@ -198,3 +199,18 @@ def register_autograd_by_reference(op: torch._ops.OpOverload, reference: Callabl
         return tuple(result)
 
     register_autograd(op, backward, setup_context=setup_context)
+
+
+def register_version_bumps(op: torch._ops.OpOverload, mutated: tuple[int, ...]) -> None:
+    """Bump the version counters of the tensors ``op`` writes (at schema positions ``mutated``), as
+    torch.library.custom_op does for ops that mutate: a saved tensor written afterwards then fails
+    backward's version check, grad mode or not."""
+    after = torch._C._after_ADInplaceOrView_keyset
+
+    def bump_versions(keyset, *args, **kwargs):
+        for i in mutated:
+            if i < len(args) and args[i] is not None:
+                torch.autograd.graph.increment_version(args[i])
+        return op.redispatch(keyset & after, *args, **kwargs)
+
+    LIB.impl(op._schema.name.split("::", 1)[1], bump_versions, "ADInplaceOrView", with_keyset=True)

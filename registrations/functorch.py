@@ -55,7 +55,15 @@ from registrations._library import JVP_RULES, LIB, register_autograd_by_referenc
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
 from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
-from registrations.glu import ACTIVATION, GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
+from registrations.glu import (
+    ACTIVATION,
+    GEGLU,
+    GEGLU_BACKWARD,
+    GEGLU_BACKWARD_,
+    SWIGLU,
+    SWIGLU_BACKWARD,
+    SWIGLU_BACKWARD_,
+)
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -219,6 +227,8 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     SWIGLU_BACKWARD: _pointwise_vmap(SWIGLU_BACKWARD),
     GEGLU: _pointwise_vmap(GEGLU),
     GEGLU_BACKWARD: _pointwise_vmap(GEGLU_BACKWARD),
+    SWIGLU_BACKWARD_: _per_sample(SWIGLU_BACKWARD_),
+    GEGLU_BACKWARD_: _per_sample(GEGLU_BACKWARD_),
     FUSED_LINEAR_CROSS_ENTROPY: _per_sample(FUSED_LINEAR_CROSS_ENTROPY),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD),
     RMS_NORM: _rms_norm_vmap,
@@ -343,11 +353,16 @@ def _differentiable(op: torch._ops.OpOverload, reference: Callable) -> None:
         register_autograd_by_reference(op, reference)
 
 
-def _not_differentiable(op: torch._ops.OpOverload, instead: str) -> None:
-    """An op without gradients (rope_: in place, for inference and KV caches)
-    raises, naming itself, when reverse- or forward-mode AD reaches it: without
-    an Autograd kernel the kernels' writes would pass tangents and gradients
-    through unrotated.  Registered only if the op has no Autograd kernel yet."""
+# The in-place ops, which have no forward-mode rule: tangents reaching them raise.
+WITHOUT_JVP: set[torch._ops.OpOverload] = set()
+
+
+def _not_differentiable(op: torch._ops.OpOverload, why: str, instead: str) -> None:
+    """An op without gradients (rope_, the glu ops' in-place backwards) raises, naming itself and
+    ``why`` it has none, when reverse- or forward-mode AD reaches it: without an Autograd kernel
+    the kernels' writes would pass tangents and gradients through untouched.  Registered only if
+    the op has no Autograd kernel yet."""
+    WITHOUT_JVP.add(op)
     if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Autograd"):
         return
     name = op._schema.name.replace("::", ".")
@@ -357,8 +372,8 @@ def _not_differentiable(op: torch._ops.OpOverload, instead: str) -> None:
             forward_ad._current_level >= 0 and any_tangent(args)
         ):
             raise NotImplementedError(
-                f"{name} is not differentiable (it writes in place, for inference and KV caches), but an input "
-                f"requires grad or carries a forward-mode tangent; use {instead}"
+                f"{name} is not differentiable ({why}), but an input requires grad or carries a forward-mode "
+                f"tangent; use {instead}"
             )
         return below_autograd(op, args)
 
@@ -366,7 +381,12 @@ def _not_differentiable(op: torch._ops.OpOverload, instead: str) -> None:
 
 
 _differentiable(GROUP_NORM_BACKWARD, group_norm_reference.backward)
-_not_differentiable(ROPE_, "liger.rope (out of place), whose gradients and tangents flow to q and k")
+_not_differentiable(
+    ROPE_, "it writes in place, for inference and KV caches",
+    "liger.rope (out of place), whose gradients and tangents flow to q and k",
+)  # fmt: skip
+for _in_place, _out_of_place in ((SWIGLU_BACKWARD_, "swiglu_backward"), (GEGLU_BACKWARD_, "geglu_backward")):
+    _not_differentiable(_in_place, "it writes the gradients over gate and up", f"liger.{_out_of_place}")
 for _op, _rule in VMAP_RULES.items():
     torch.library.register_vmap(_op, _with_defaults(_op, _rule), lib=LIB)
 JVP_RULES.update(JVP)

@@ -15,6 +15,13 @@ geglu(gate, up) -> y
     y = gelu(gate, approximate='tanh') * up (Gemma's MLP); as swiglu.
 geglu_backward(grad_out, gate, up) -> (dgate, dup)
     As swiglu_backward, with GELU's tanh approximation.
+swiglu_backward_(grad_out, gate, up) -> ()  and  geglu_backward_
+    The backward in place: dgate written over gate, dup over up (contiguous,
+    neither sharing memory with the other or with grad_out).  Not
+    differentiable.  The forward ops' formulas call it instead of the
+    out-of-place backward when nothing but the formula can reach the saved
+    gate and up (registrations/reuse.py), so a gated MLP's backward takes no
+    memory for its two gradients.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import functools
 import torch
 
 from csrc_free_ops.glu import launch, reference
-from registrations import _checks
+from registrations import _checks, overlap, reuse
 from registrations._library import (
     Entries,
     Prepare,
@@ -32,6 +39,7 @@ from registrations._library import (
     define_op,
     register_autograd,
     register_autograd_by_reference,
+    register_version_bumps,
 )
 
 # op name -> its activation (csrc_free_ops/glu/reference.py: ACTIVATIONS)
@@ -67,6 +75,41 @@ def _backward_checker(name: str):
     return check
 
 
+def _in_place_checker(name: str):
+    op = f"liger.{name}_backward_"
+    check_out_of_place = _backward_checker(name)
+
+    def check(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> None:
+        check_out_of_place(grad_out, gate, up)
+        for arg, t in (("gate", gate), ("up", up)):
+            if not t.is_contiguous():
+                raise ValueError(f"{op}: {arg} must be contiguous (its gradient is written over it)")
+
+    return check
+
+
+def _disjoint_checker(name: str):
+    op = f"liger.{name}_backward_"
+
+    def check(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> None:
+        for a, b, x, y in (("gate", "up", gate, up), ("grad_out", "gate", grad_out, gate),
+                           ("grad_out", "up", grad_out, up)):  # fmt: skip
+            if _overlapping(x, y):
+                raise ValueError(f"{op}: {a} and {b} overlap in memory; writing the gradients in place would "
+                                 "change what is still to be read")  # fmt: skip
+
+    return check
+
+
+def _overlapping(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact: plain contiguous tensors (gate and up always, grad_out nearly always) by their byte
+    ranges, others (fake tensors under torch.compile included) by registrations/overlap.py."""
+    if type(a) is torch.Tensor and type(b) is torch.Tensor and a.is_contiguous() and b.is_contiguous():
+        start_a, start_b = a.data_ptr(), b.data_ptr()
+        return start_a < start_b + b.nbytes and start_b < start_a + a.nbytes and a.numel() > 0 and b.numel() > 0
+    return overlap.overlapping(a, b)
+
+
 def _fake(gate, up):
     return torch.empty(gate.shape, dtype=reference.output_dtype(gate, up), device=gate.device)
 
@@ -75,38 +118,47 @@ def _backward_fake(grad_out, gate, up):
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
-def _entries(forward: bool, activation: str) -> Entries:
-    """The launch entries with the op's activation bound."""
-    if forward:
-        cuda, npu, ref = launch.cuda_forward, launch.npu_forward, reference.forward
-    else:
-        cuda, npu, ref = launch.cuda_backward, launch.npu_backward, reference.backward
-    cuda, npu, ref = (functools.partial(f, activation=activation) for f in (cuda, npu, ref))
+def _in_place_fake(grad_out, gate, up) -> None:
+    return None
+
+
+def _entries(direction: str, activation: str) -> Entries:
+    """The launch entries of ``direction`` (forward, backward or backward_) with the op's activation bound."""
+    cuda, npu, ref = (functools.partial(getattr(module, f"{prefix}{direction}"), activation=activation)
+                      for module, prefix in ((launch, "cuda_"), (launch, "npu_"), (reference, "")))  # fmt: skip
     return Entries(cuda=cuda, npu=npu, interpreted=cuda, reference=ref)
 
 
-def _prepare(forward: bool, activation: str) -> Prepare:
-    """The CUDA entries' prepared forms with the op's activation bound."""
-    prepare = functools.partial(launch.prepare_cuda_forward if forward else launch.prepare_cuda_backward,
-                                activation=activation)  # fmt: skip
+def _prepare(direction: str, activation: str) -> Prepare:
+    """The CUDA entry's prepared form with the op's activation bound."""
+    prepare = functools.partial(getattr(launch, f"prepare_cuda_{direction}"), activation=activation)
     return Prepare(cuda=prepare, interpreted=prepare)
 
 
-def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload]:
+def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload, torch._ops.OpOverload]:
     activation = ACTIVATION[name]
     forward = define_op(
         f"{name}(Tensor gate, Tensor up) -> Tensor",
         check=_checker(name),
         fake=_fake,
-        entries=_entries(True, activation),
-        prepare=_prepare(True, activation),
+        entries=_entries("forward", activation),
+        prepare=_prepare("forward", activation),
     )
     backward = define_op(
         f"{name}_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)",
         check=_backward_checker(name),
         fake=_backward_fake,
-        entries=_entries(False, activation),
-        prepare=_prepare(False, activation),
+        entries=_entries("backward", activation),
+        prepare=_prepare("backward", activation),
+    )
+    backward_ = define_op(
+        f"{name}_backward_(Tensor grad_out, Tensor(a!) gate, Tensor(b!) up) -> ()",
+        check=_in_place_checker(name),
+        check_each_call=_disjoint_checker(name),
+        fake=_in_place_fake,
+        entries=_entries("backward_", activation),
+        prepare=_prepare("backward_", activation),
+        traceable=False,  # in place: torch.compile functionalizes the opaque op
     )
 
     def setup_context(ctx, inputs, output) -> None:
@@ -114,14 +166,19 @@ def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload]:
 
     def backward_formula(ctx, grad_out):
         gate, up = ctx.saved_tensors
-        dgate, dup = call_from_backward(backward, grad_out, gate, up)
         need_gate, need_up = ctx.needs_input_grad[:2]
+        if reuse.saved_only_here(gate, up):  # then no other tensor, grad_out included, shares their memory
+            call_from_backward(backward_, grad_out, gate, up)
+            dgate, dup = gate.detach(), up.detach()  # no graph history on a gradient
+        else:
+            dgate, dup = call_from_backward(backward, grad_out, gate, up)
         return dgate if need_gate else None, dup if need_up else None
 
     register_autograd(forward, backward_formula, setup_context=setup_context)
     register_autograd_by_reference(backward, functools.partial(reference.backward, activation=activation))
-    return forward, backward
+    register_version_bumps(backward_, (1, 2))
+    return forward, backward, backward_
 
 
-SWIGLU, SWIGLU_BACKWARD = _define("swiglu")
-GEGLU, GEGLU_BACKWARD = _define("geglu")
+SWIGLU, SWIGLU_BACKWARD, SWIGLU_BACKWARD_ = _define("swiglu")
+GEGLU, GEGLU_BACKWARD, GEGLU_BACKWARD_ = _define("geglu")

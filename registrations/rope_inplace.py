@@ -9,7 +9,7 @@ from torch.autograd import forward_ad
 
 from csrc_free_ops.rope import RopeOptions
 from registrations import overlap
-from registrations._library import LIB
+from registrations._library import LIB, register_version_bumps
 from registrations.rope import OP, ROPE_, ROPE_BACKWARD, call, refuse_table_grad, save_options, transpose_with
 
 # --- rope_ under autograd: torch's in-place semantics
@@ -26,13 +26,6 @@ from registrations.rope import OP, ROPE_, ROPE_BACKWARD, call, refuse_table_grad
 # refuses a Function that modifies a view in place and returns two tensors,
 # and for one it would route the gradient through CopySlices, which copies
 # the whole base twice more.
-
-
-def _bump_versions(keyset, q, k, *args, **kwargs):
-    for t in (q, k):
-        if t is not None:
-            torch.autograd.graph.increment_version(t)
-    return ROPE_.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, q, k, *args, **kwargs)
 
 
 class _Region(NamedTuple):
@@ -159,5 +152,5 @@ def _rope_inplace_autograd(
         return call(ROPE_, q, k, cos, sin, options)
 
 
-LIB.impl("rope_", _bump_versions, "ADInplaceOrView", with_keyset=True)
+register_version_bumps(ROPE_, (0, 1))
 LIB.impl("rope_", _rope_inplace_autograd, "Autograd")

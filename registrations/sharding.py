@@ -66,6 +66,9 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   parallel: gate_proj and up_proj column-sharded alike give S(-1); sequence
   parallel: S on a leading dim).  Backward: grad_out, gate, up S(d) ->
   dgate, dup S(d).  Gate and up placed differently are redistributed.
+  The in-place backwards (swiglu_backward_, geglu_backward_) take
+  grad_out, gate and up already placed alike, without Partial; otherwise
+  ValueError (in place, nothing can be redistributed).
 * fused_linear_cross_entropy: x and target S(0), weight, bias and
   ce_weight R -> as cross_entropy; backward grad_x S(0), grad_weight and
   grad_bias P.  An LM head sharded over the vocabulary (weight S(0), as
@@ -85,7 +88,7 @@ from torch.utils import _pytree as pytree
 
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
-from registrations.glu import GEGLU, GEGLU_BACKWARD, SWIGLU, SWIGLU_BACKWARD
+from registrations.glu import GEGLU, GEGLU_BACKWARD, GEGLU_BACKWARD_, SWIGLU, SWIGLU_BACKWARD, SWIGLU_BACKWARD_
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -422,6 +425,32 @@ def _rope_inplace(op_call, args, kwargs):
         )  # fmt: skip
 
 
+def _glu_in_place(op: torch._ops.OpOverload) -> Callable:
+    """swiglu_backward_ / geglu_backward_ on DTensors: elementwise and in place, so grad_out, gate and
+    up must already share one mesh and one placement (no Partial: the activation is not linear);
+    each rank then writes its own shards."""
+    name = op._schema.name.replace("::", ".")
+
+    def handler(op_call, args, kwargs):
+        arguments = dict(_arguments(op, args, kwargs))
+        tensors = [arguments[n] for n in ("grad_out", "gate", "up")]
+        if not all(isinstance(t, DTensor) for t in tensors):
+            raise TypeError(f"{name}: pass DTensors for all of grad_out, gate and up, or none")
+        first = tensors[0]
+        if any(t.device_mesh != first.device_mesh or t.placements != first.placements for t in tensors) or any(
+            isinstance(p, Partial) for p in first.placements
+        ):
+            raise ValueError(
+                f"{name}: in place, grad_out, gate and up must share one device mesh and one placement without "
+                f"Partial; got {[t.placements for t in tensors]}. Redistribute them first, or use the out-of-place "
+                "backward op, which redistributes"
+            )
+        with torch.no_grad():
+            op_call(*(t.to_local() for t in tensors))
+
+    return handler
+
+
 # ---------------------------------------------------------------------------
 
 RULES: dict[torch._ops.OpOverload, Callable] = {
@@ -450,6 +479,8 @@ HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM: _local_num_groups(GROUP_NORM),
     GROUP_NORM_BACKWARD: _local_num_groups(GROUP_NORM_BACKWARD),
     ROPE_: _rope_inplace,
+    SWIGLU_BACKWARD_: _glu_in_place(SWIGLU_BACKWARD_),
+    GEGLU_BACKWARD_: _glu_in_place(GEGLU_BACKWARD_),
 }
 
 for _op, _fn in RULES.items():

@@ -2,11 +2,16 @@
 Plan as data, and the entry of each dispatch key (registrations/glu.py binds
 them, with the op's activation):
 
-* ``cuda_forward`` / ``cuda_backward``: ``plan.cuda`` (also the CPU
-  interpreter path);
-* ``npu_forward`` / ``npu_backward``: ``plan.npu`` for the Ascend profile;
-* ``prepare_cuda_forward`` / ``prepare_cuda_backward``: the CUDA entries'
-  prepared forms (registrations/eager.py), for contiguous tensors.
+* ``cuda_forward`` / ``cuda_backward`` / ``cuda_backward_``: ``plan.cuda``
+  (also the CPU interpreter path);
+* ``npu_forward`` / ``npu_backward`` / ``npu_backward_``: ``plan.npu`` for the
+  Ascend profile;
+* ``prepare_cuda_<direction>``: the CUDA entries' prepared forms
+  (registrations/eager.py), for contiguous tensors.
+
+``backward_`` writes the gradients over gate and up (the in-place backward
+op, which the ops' formulas call when nothing else holds the saved
+projections: registrations/reuse.py).
 
 Every tensor is read as (rows, last dim) with unit column stride and its
 own row stride, so the halves of a fused [gate | up] projection
@@ -85,15 +90,26 @@ def backward(
     """(dgate, dup), contiguous, in gate's and up's dtypes."""
     dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     dup = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    _write_backward(grad_out, gate, up, dgate, dup, activation, p)
+    return dgate, dup
+
+
+def backward_(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, p: Plan) -> None:
+    """dgate written over gate and dup over up (both contiguous): each element is read before its
+    gradient is stored at the same place, by the same program."""
+    _write_backward(grad_out, gate, up, gate, up, activation, p)
+
+
+def _write_backward(grad_out, gate, up, dgate, dup, activation: str, p: Plan) -> None:
+    """dgate and dup (contiguous) of grad_out, gate and up."""
     if gate.numel() == 0:
-        return dgate, dup
+        return
     n_rows, n_cols = problem(grad_out, gate, up)
     dy, stride_dy = _rows(grad_out, n_rows, n_cols)
     g, stride_gate = _rows(gate, n_rows, n_cols)
     u, stride_up = _rows(up, n_rows, n_cols)
     launcher = _launcher(True, p, p.walks_tiles(n_rows, n_cols), activation, _compute(gate, up))
     launcher(p.programs, dy, g, u, dgate, dup, stride_dy, stride_gate, stride_up, n_rows, n_cols)
-    return dgate, dup
 
 
 # --- The entries of the dispatch keys (activation: "silu" or "gelu_tanh", bound by the registration)
@@ -107,6 +123,10 @@ def cuda_backward(
     grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return backward(grad_out, gate, up, activation, plan.cuda(*problem(grad_out, gate, up)))
+
+
+def cuda_backward_(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str) -> None:
+    backward_(grad_out, gate, up, activation, plan.cuda(*problem(grad_out, gate, up)))
 
 
 # --- Prepared calls (contiguous tensors: one row of every element), with the plan, launch and
@@ -149,6 +169,21 @@ def prepare_cuda_backward(
     return run
 
 
+def prepare_cuda_backward_(
+    grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
+) -> Callable | None:
+    if gate.numel() == 0 or not grad_out.is_contiguous():
+        return None
+    n = gate.numel()
+    p = plan.cuda(1, n)
+    launch = _launcher(True, p, p.walks_tiles(1, n), activation, _compute(gate, up)).bind(p.programs, (n, n, n, 1, n))
+
+    def run(grad_out, gate, up):
+        launch(grad_out, gate, up, gate, up)
+
+    return run
+
+
 def _npu_plan(tensors: tuple[torch.Tensor, ...], outputs: tuple[torch.dtype, ...], backward: bool) -> Plan:
     data_bytes = sum(t.element_size() for t in tensors) + sum(d.itemsize for d in outputs)
     compute_itemsize = 8 if any(t.dtype == torch.float64 for t in tensors) else 4
@@ -172,3 +207,10 @@ def npu_backward(
     if torch.float64 in (grad_out.dtype, gate.dtype, up.dtype):
         return reference.backward(grad_out, gate, up, activation)
     return backward(grad_out, gate, up, activation, _npu_plan((grad_out, gate, up), (gate.dtype, up.dtype), True))
+
+
+def npu_backward_(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str) -> None:
+    if torch.float64 in (grad_out.dtype, gate.dtype, up.dtype):
+        reference.backward_(grad_out, gate, up, activation)
+        return
+    backward_(grad_out, gate, up, activation, _npu_plan((grad_out, gate, up), (gate.dtype, up.dtype), True))

@@ -66,3 +66,10 @@ def backward(
     dgate = dy * activation_grad(g, activation) * u
     dup = dy * activate(g, activation)
     return dgate.to(gate.dtype).contiguous(), dup.to(up.dtype).contiguous()
+
+
+def backward_(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str) -> None:
+    """backward's dgate written over gate and dup over up."""
+    dgate, dup = backward(grad_out, gate, up, activation)
+    gate.copy_(dgate)
+    up.copy_(dup)
