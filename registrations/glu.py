@@ -15,13 +15,15 @@ geglu(gate, up) -> y
     y = gelu(gate, approximate='tanh') * up (Gemma's MLP); as swiglu.
 geglu_backward(grad_out, gate, up) -> (dgate, dup)
     As swiglu_backward, with GELU's tanh approximation.
-swiglu_backward_(grad_out, gate, up) -> ()  and  geglu_backward_
-    The backward in place: dgate written over gate, dup over up (contiguous,
-    neither sharing memory with the other or with grad_out).  Not
-    differentiable.  The forward ops' formulas call it instead of the
+swiglu_backward_(grad_out, gate, up) -> ()
+    swiglu_backward in place: dgate written over gate, dup over up
+    (contiguous, neither sharing memory with the other or with grad_out).
+    Not differentiable.  swiglu's formula calls it instead of the
     out-of-place backward when nothing but the formula can reach the saved
     gate and up (registrations/reuse.py), so a gated MLP's backward takes no
     memory for its two gradients.
+geglu_backward_(grad_out, gate, up) -> ()
+    geglu_backward in place; as swiglu_backward_.
 """
 
 from __future__ import annotations
