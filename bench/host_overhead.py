@@ -23,6 +23,9 @@ takes one; no .grad accumulation):
     floor         a torch.autograd.Function whose forward and backward each
                   allocate their output and launch one empty Triton kernel: the
                   least a Python autograd formula costs on this host
+    floor_pair    the same with two inputs and two outputs (two allocations
+                  and one launch each way): the least a formula shaped like
+                  rope's (q, k in; q_out, k_out out) costs, for context
 
 A round times ``iters`` calls of each (path, fwd | fwd+bwd) back to back,
 with one synchronize at the end, in an order that starts one step further
@@ -79,7 +82,7 @@ TINY = {
     "geglu": {"T": 4, "F": 64},
 }
 PROVIDER_PATHS = ("liger", "fast", "liger_kernel", "compile", "torch")
-YARDSTICKS = ("native", "floor")
+YARDSTICKS = ("native", "floor", "floor_pair")
 PATHS = PROVIDER_PATHS + YARDSTICKS
 KINDS = ("fwd", "fwd+bwd")
 # The targets: the fast path's fwd and fwd+bwd within this factor of the floor's ...
@@ -126,10 +129,11 @@ def interleaved(
 
 
 @functools.cache
-def floor_function() -> type:
-    """An autograd.Function that costs what any Python autograd formula costs:
-    forward and backward each allocate one output and launch one empty
-    Triton kernel.  Built on first use, after TRITON_INTERPRET is settled."""
+def floor_function(n: int = 1) -> type:
+    """An autograd.Function that costs what any Python autograd formula of n
+    inputs and n outputs costs: forward and backward each allocate their n
+    outputs and launch one empty Triton kernel.  Built on first use, after
+    TRITON_INTERPRET is settled."""
     import torch
     import triton
 
@@ -139,16 +143,16 @@ def floor_function() -> type:
 
     class Floor(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x):
-            y = torch.empty_like(x)
-            empty_kernel[(1,)](y)
-            return y
+        def forward(ctx, *xs):
+            ys = tuple(torch.empty_like(x) for x in xs)
+            empty_kernel[(1,)](ys[0])
+            return ys if n > 1 else ys[0]
 
         @staticmethod
-        def backward(ctx, dy):
-            dx = torch.empty_like(dy)
-            empty_kernel[(1,)](dx)
-            return dx
+        def backward(ctx, *dys):
+            dxs = tuple(torch.empty_like(dy) for dy in dys)
+            empty_kernel[(1,)](dxs[0])
+            return dxs if n > 1 else dxs[0]
 
     return Floor
 
@@ -172,6 +176,10 @@ def build_path(op: str, path: str, device: str, dtype: str) -> Any:
     elif path == "floor":
         x, _, _ = providers.group_norm_inputs(tiny_shape("group_norm", dtype), device)
         built = providers.Built(floor_function().apply, (x,), (x,))
+    elif path == "floor_pair":
+        x, _, _ = providers.group_norm_inputs(tiny_shape("group_norm", dtype), device)
+        y = x.detach().clone().requires_grad_()
+        built = providers.Built(floor_function(2).apply, (x, y), (x, y))
     else:
         raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
     built.prepare()
@@ -234,7 +242,8 @@ def measure(
         ratios = {}
         for path in paths:
             for num, den in (("fwd", "native fwd"), ("fwd+bwd", "native fwd+bwd"), ("fwd", "floor fwd"),
-                             ("fwd+bwd", "floor fwd+bwd")):  # fmt: skip
+                             ("fwd+bwd", "floor fwd+bwd"), ("fwd", "floor_pair fwd"),
+                             ("fwd+bwd", "floor_pair fwd+bwd")):  # fmt: skip
                 ratios[(f"{path} {num}", den)] = _median_ratio(rounds, f"{path} {num}", den)
             for rival in ("liger_kernel", "compile"):
                 for kind in KINDS:
@@ -255,14 +264,14 @@ def _x(v: float | None) -> str:
 
 def table(results: Results, ops: Sequence[str], paths: Sequence[str] = PATHS) -> str:
     head = ["op", "path", "fwd us", "fwd+bwd us", "fwd / native fwd", "fwd+bwd / native fwd+bwd"]
-    head += ["fwd / floor fwd", "fwd+bwd / floor fwd+bwd"]
+    head += ["fwd / floor fwd", "fwd+bwd / floor fwd+bwd", "fwd / floor_pair fwd", "fwd+bwd / floor_pair fwd+bwd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for op in ops:
         ratios = results.get((op, "ratios"), {})
         for path in paths:
             skipped = results.get((op, path))
             if isinstance(skipped, str):
-                lines.append("| " + " | ".join([op, path, skipped, "-", "-", "-", "-", "-"]) + " |")
+                lines.append("| " + " | ".join([op, path, skipped, *("-",) * (len(head) - 3)]) + " |")
                 continue
             cells = [op, path, _us(results.get((op, f"{path} fwd"))), _us(results.get((op, f"{path} fwd+bwd")))]
             cells += [
@@ -270,6 +279,8 @@ def table(results: Results, ops: Sequence[str], paths: Sequence[str] = PATHS) ->
                 _x(ratios.get((f"{path} fwd+bwd", "native fwd+bwd"))),
                 _x(ratios.get((f"{path} fwd", "floor fwd"))),
                 _x(ratios.get((f"{path} fwd+bwd", "floor fwd+bwd"))),
+                _x(ratios.get((f"{path} fwd", "floor_pair fwd"))),
+                _x(ratios.get((f"{path} fwd+bwd", "floor_pair fwd+bwd"))),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

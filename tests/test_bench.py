@@ -553,19 +553,19 @@ def test_host_overhead_interleaves_steps_and_reports_per_round_ratios(monkeypatc
     assert results[("rope", "ratios")][("liger fwd+bwd", "native fwd+bwd")] == 2.0
     assert results[("rope", "floor")] == "skipped (RuntimeError: not this one)"
     lines = host_overhead.table(results, ["rope"], ("liger", "native", "floor")).splitlines()
-    assert lines[2] == "| rope | liger | 1.0 | 4.0 | 1.00x | 2.00x | - | - |"
+    assert lines[2] == "| rope | liger | 1.0 | 4.0 | 1.00x | 2.00x | - | - | - | - |"
     targets = host_overhead.targets(results, ["rope"])
     assert "liger fwd+bwd / native 2.00x MISSED (<= 1.2)" in targets and "fast fwd / floor not measured" in targets
 
 
 @ON_CPU
-def test_host_overhead_floor_and_native_run_forward_and_backward():
+def test_host_overhead_yardsticks_run_forward_and_backward():
     from bench import host_overhead
 
-    for path in ("floor", "native"):
+    for path, n_out in (("floor", 1), ("native", 1), ("floor_pair", 2)):
         built = host_overhead.build_path("rope", path, "cpu", "float32")
-        (out,) = built.forward()
-        assert out.shape == (2, 8, 16)
+        outs = built.forward()
+        assert len(outs) == n_out and all(out.shape == (2, 8, 16) for out in outs)
         grads = built.full()
         assert all(g is not None and g.shape == i.shape for g, i in zip(grads, built.grad_inputs, strict=True))
 
