@@ -167,9 +167,9 @@ def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload, to
         ctx.save_for_backward(*inputs)
 
     def backward_formula(ctx, grad_out):
-        gate, up = ctx.saved_tensors
+        (gate, up), in_place = reuse.unpack(ctx)  # in place: no other tensor, grad_out included, shares their memory
         need_gate, need_up = ctx.needs_input_grad[:2]
-        if reuse.saved_only_here(gate, up):  # then no other tensor, grad_out included, shares their memory
+        if in_place:
             call_from_backward(backward_, grad_out, gate, up)
             dgate, dup = gate.detach(), up.detach()  # no graph history on a gradient
         else:

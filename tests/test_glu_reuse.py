@@ -169,6 +169,19 @@ def test_a_tensor_still_needed_is_never_overwritten(name, run):
     _keeps_values(name, run)
 
 
+def test_the_decision_holds_after_torch_compile_has_run_in_the_process():
+    """Dynamo's frame-evaluation hook, installed once torch.compile has run (here: a compile error),
+    adds references to every call's arguments; the counts must not move with it, either way."""
+    from torch._dynamo.exc import TorchRuntimeError
+
+    compiled = torch.compile(lambda *a: torch.ops.liger.rms_norm(*a), fullgraph=True)
+    with pytest.raises(TorchRuntimeError):
+        compiled(torch.randn(4, 8, device=DEVICE), torch.randn(9, device=DEVICE), 1e-6)
+    test_mlp_backward_takes_the_projections_memory_and_stays_exact("swiglu", torch.float32)
+    _keeps_values("swiglu", _caller_holds_gate)
+    _keeps_values("swiglu", _hook_keeps_output)
+
+
 # --- The in-place backward ops
 
 
