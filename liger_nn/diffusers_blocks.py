@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from liger_nn.group_norm import GroupNorm
+from registrations.eager import eager_call
 
 RESNET_CLASS = ("diffusers.models.resnet", "ResnetBlock2D")
 # The diffusers releases the tests ran on (tests/test_patching_diffusers.py; both ends of the
@@ -66,8 +67,12 @@ def kind(block: nn.Module) -> tuple:
             block.time_emb_proj is None, block.skip_time_act, block.conv_shortcut is None)  # fmt: skip
 
 
+# torch.ops.liger.group_norm, called without the dispatcher's crossing in plain eager calls (registrations/eager.py).
+_GROUP_NORM = eager_call(torch.ops.liger.group_norm)
+
+
 def _norm_silu(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.liger.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps, activation="silu")
+    return _GROUP_NORM(x, norm.num_groups, norm.weight, norm.bias, norm.eps, activation="silu")
 
 
 def fused_resnet_forward(self: nn.Module, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args,

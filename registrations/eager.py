@@ -17,8 +17,8 @@ for every call with that signature.  ``Calls`` keeps, per op, one prepared
 strides, dtype, device, 16-byte alignment and the two dispatch-key bits a
 plain tensor can carry, and each scalar with its type), made by the entry's
 ``Prepare`` form (``define.Prepare``) or, without one, the entry itself.
-The few signatures an op saw last are also kept as ``Hit``s, checked by
-torch's C++ tensor guards (the check Dynamo runs on a compiled graph's
+The signatures an op saw are also kept as ``Hit``s, found by the first
+argument's shape and checked by torch's C++ tensor guards (the check Dynamo runs on a compiled graph's
 inputs: dispatch keys, dtype, device, requires_grad, sizes, strides) with the
 16-byte alignment and the other arguments' values and types compared
 alongside, a fraction of building the key.  A call then costs one check,
@@ -44,9 +44,11 @@ __all__ = ["eager_call"]
 
 # Signatures kept per op before its cache is dropped (a bound on its memory).
 MAX_SIGNATURES = 512
-# Signatures per op checked by tensor guards before the key is built: an op called alternately at a few
-# shapes (a model's q/k norms and its hidden-size norms) finds each among these.
-MAX_HITS = 4
+# Hits kept per op, indexed by the first argument's shape (every op's first argument is a tensor): an op
+# called at many shapes in turn (a UNet's norms, a model's q/k and hidden-size norms) finds each
+# signature's Hit by one lookup and one guard check, and never rebuilds it.  Bounds on their memory:
+MAX_HIT_SHAPES = 64
+HITS_PER_SHAPE = 4
 
 _Tensor = torch.Tensor
 # The dispatch keys (raw_repr) of a plain dense tensor, per device type found
@@ -187,7 +189,7 @@ def _with_current_device(run: Callable, cuda_index: int) -> Callable:
 
 
 class Calls:
-    """One op's prepared runs, one per argument signature, the last few as ``Hit``s."""
+    """One op's prepared runs, one per argument signature, also kept as ``Hit``s by the first argument's shape."""
 
     __slots__ = ("op", "bound", "runs", "hits")
 
@@ -195,7 +197,7 @@ class Calls:
         self.op = op
         self.bound = BOUND[op]
         self.runs: dict[tuple, Callable | None] = {}
-        self.hits: list[Hit] = []
+        self.hits: dict[torch.Size, list[Hit]] = {}
 
     def run_for(self, args: tuple) -> Callable | None:
         """The prepared ``run(*args)`` (every schema argument, in order) for
@@ -204,14 +206,16 @@ class Calls:
         check is never cached)."""
         if _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE:
             return None
-        types = tuple(map(type, args))
-        hits = self.hits
-        for i, hit in enumerate(hits):
-            if hit.matches(args, types):
-                if i:  # the most recent first: a run of calls at one signature checks one Hit each
-                    hits.insert(0, hits.pop(i))
-                index, run = hit.cuda_index, hit.run  # _with_current_device inline: every prepared call's path
-                return run if index < 0 or _cuda_device() == index else functools.partial(_on_device, index, run)
+        first = args[0]
+        hits = self.hits.get(first.shape) if isinstance(first, _Tensor) else None
+        if hits:
+            types = tuple(map(type, args))
+            for i, hit in enumerate(hits):
+                if hit.matches(args, types):
+                    if i:  # the most recent first: a run of calls at one signature checks one Hit each
+                        hits.insert(0, hits.pop(i))
+                    index, run = hit.cuda_index, hit.run  # _with_current_device inline: every prepared call's path
+                    return run if index < 0 or _cuda_device() == index else functools.partial(_on_device, index, run)
         try:
             key = signature_key(args)
         except RuntimeError:
@@ -225,10 +229,18 @@ class Calls:
         if run is None:
             return None
         index = _cuda_index(args)
-        if Hit.can_keep(args):
-            hits.insert(0, Hit(args, run, index))
-            del hits[MAX_HITS:]
+        if isinstance(first, _Tensor) and Hit.can_keep(args):
+            self._keep(first.shape, Hit(args, run, index))
         return _with_current_device(run, index)
+
+    def _keep(self, shape: torch.Size, hit: Hit) -> None:
+        hits = self.hits.get(shape)
+        if hits is None:
+            if len(self.hits) >= MAX_HIT_SHAPES:
+                self.hits.clear()
+            hits = self.hits[shape] = []
+        hits.insert(0, hit)
+        del hits[HITS_PER_SHAPE:]
 
     def _prepare(self, args: tuple) -> Callable | None:
         entry = direct_entry(self.op, args)

@@ -65,6 +65,10 @@ for step in "$@"; do
     steps_llm_memory)
       run_step steps_llm_memory python3 -m bench.steps --models llama --modes eager --quick --rounds 1 --memory-peak \
         --out "$RESULTS/steps_llm_memory" ;;
+    steps_diffusion_host)
+      # the eager diffusion steps with the host's side of each (launches, syncs, top self-CPU ops per step)
+      run_step steps_diffusion_host python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 3 \
+        --layout contiguous,channels_last --host-profile --out "$RESULTS/steps_diffusion_host" ;;
     steps_diffusion)
       run_step steps_diffusion python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 5 \
         --layout contiguous,channels_last --out "$RESULTS/steps_diffusion" ;;
