@@ -501,11 +501,10 @@ def estimate_s(args) -> float:
 
 
 def _git_commit() -> str:
-    """The commit measured: the COMMIT file a device chain carries (the copy's git metadata can be
-    older than its files, bench/lab/README.md), else git's HEAD."""
-    stamp = Path(__file__).resolve().parent.parent / "COMMIT"
-    if stamp.is_file():
-        return stamp.read_text(encoding="utf-8").strip() or "unknown"
+    """The commit measured: $BENCH_COMMIT, which a device chain sets from the COMMIT file it carries
+    (the copy's git metadata can be older than its files, bench/lab/README.md), else git's HEAD."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         return out.stdout.strip()

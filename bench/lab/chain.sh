@@ -14,6 +14,7 @@ mkdir -p "$RESULTS"
 card=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else 'gpu')")
 commit=$(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 stamp="$(date +%Y-%m-%d)-${commit}-${card}"
+export BENCH_COMMIT=$commit  # bench.steps' table headers (the copy's git metadata can be older than its files)
 
 log() { echo "$(date +%H:%M:%S) $*" >> "$RESULTS/chain.log"; }
 
