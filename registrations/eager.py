@@ -18,8 +18,9 @@ strides, dtype, device, 16-byte alignment and the two dispatch-key bits a
 plain tensor can carry, and each scalar with its type), made by the entry's
 ``Prepare`` form (``define.Prepare``) or, without one, the entry itself.
 The signatures an op saw are also kept as ``Hit``s, found by the first
-argument's shape and checked by torch's C++ tensor guards (the check Dynamo runs on a compiled graph's
-inputs: dispatch keys, dtype, device, requires_grad, sizes, strides) with the
+argument's shape and checked by torch's C++ tensor guards (the check Dynamo
+runs on a compiled graph's inputs: dispatch keys, dtype, device,
+requires_grad, sizes, strides) with the
 16-byte alignment and the other arguments' values and types compared
 alongside, a fraction of building the key.  A call then costs one check,
 the output allocations and the launches.  A prepared run is always called
