@@ -37,11 +37,10 @@ import sys
 
 import torch
 
+from registrations.eager import plain_call
+
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-_mode_stack_depth = torch._C._len_torch_dispatch_stack
-_local_include = torch._C._dispatch_tls_local_include_set
-_DEFAULT_INCLUDE = _local_include()
 _Tensor = torch.Tensor
 
 
@@ -53,7 +52,7 @@ def unpack(ctx) -> tuple[tuple, bool]:
 
 
 def _saved_only_here(saved: tuple) -> bool:
-    if _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE or torch.is_grad_enabled():
+    if not plain_call() or torch.is_grad_enabled():
         return False
     expected = saved_temporary_holders()  # measured in a plain call, as the first to get here is
     if expected is None or _keep_graph():

@@ -107,22 +107,23 @@ def _caller_holds_gate(mlp, x, dy):
     return [gate], [before], got
 
 
-def _hook_keeps_output(mlp, x, dy):
-    kept = []
-    handle = mlp.up_proj.register_forward_hook(lambda m, a, out: kept.append(out))
-    y = mlp(x)
-    handle.remove()
-    before = [t.detach().clone() for t in kept]
-    return kept, before, torch.autograd.grad(y, [*mlp.parameters(), x], dy)
+def _kept_by_a_forward_hook(name: str, projection: str, take):
+    """A run in which a forward hook on ``projection`` keeps ``take(its output)``."""
+
+    def run(mlp, x, dy):
+        kept = []
+        handle = getattr(mlp, projection).register_forward_hook(lambda m, a, out: kept.append(take(out)))
+        y = mlp(x)
+        handle.remove()
+        before = [t.detach().clone() for t in kept]
+        return kept, before, torch.autograd.grad(y, [*mlp.parameters(), x], dy)
+
+    run.__name__ = name
+    return run
 
 
-def _view_of_gate_held(mlp, x, dy):
-    views = []
-    handle = mlp.gate_proj.register_forward_hook(lambda m, a, out: views.append(out[..., :3]))
-    y = mlp(x)
-    handle.remove()
-    before = [v.detach().clone() for v in views]
-    return views, before, torch.autograd.grad(y, [*mlp.parameters(), x], dy)
+_hook_keeps_output = _kept_by_a_forward_hook("_hook_keeps_output", "up_proj", lambda out: out)
+_view_of_gate_held = _kept_by_a_forward_hook("_view_of_gate_held", "gate_proj", lambda out: out[..., :3])
 
 
 def _saved_tensor_hook_keeps(mlp, x, dy):
