@@ -37,7 +37,8 @@ import sys
 
 import torch
 
-from registrations.eager import plain_call
+# eager.plain_call's parts, inlined on this per-backward path as eager.Calls.run_for inlines them
+from registrations.eager import _DEFAULT_INCLUDE, _local_include, _mode_stack_depth
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
@@ -52,7 +53,7 @@ def unpack(ctx) -> tuple[tuple, bool]:
 
 
 def _saved_only_here(saved: tuple) -> bool:
-    if not plain_call() or torch.is_grad_enabled():
+    if _mode_stack_depth() or _local_include() != _DEFAULT_INCLUDE or torch.is_grad_enabled():
         return False
     expected = saved_temporary_holders()  # measured in a plain call, as the first to get here is
     if expected is None or _keep_graph():
