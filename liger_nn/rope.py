@@ -11,9 +11,12 @@ from torch.autograd import forward_ad
 from registrations import overlap
 from registrations.eager import eager_call
 
-# torch.ops.liger.rope, called without the dispatcher's crossing in plain eager calls (registrations/eager.py).
+# torch.ops.liger.rope and rope_, called without the dispatcher's crossing in plain eager calls
+# (registrations/eager.py).
 _ROPE = eager_call(torch.ops.liger.rope)
+_ROPE_ = eager_call(torch.ops.liger.rope_)
 
+_MISSING = object()
 # unsqueeze_dim values that put heads at dim 1, (B, H, S, D), or at dim 2, (B, S, H, D).
 _HEADS_FIRST = (1, -3)
 _SEQ_FIRST = (2, -2)
@@ -99,6 +102,24 @@ def rotates_in_place(q: torch.Tensor, k: torch.Tensor | None) -> bool:
     return True
 
 
+# _viewed_again's view of a base, per (shape, strides) of the tensor it stands for: the shape the
+# base is viewed as and the permutation back (None where there is none).  Bounded: models have few.
+_REVIEWS: dict[tuple, tuple | None] = {}
+MAX_REVIEWS = 64
+
+
+def _review(t: torch.Tensor) -> tuple | None:
+    """(shape, permutation) with contiguous memory of t's numel viewed as shape and permuted giving
+    t's shape and strides, or None; it depends on t's shape and strides alone."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    permuted = t.permute(order)
+    if not permuted.is_contiguous():
+        return None
+    back = [order.index(d) for d in range(t.dim())]
+    again = torch.empty(permuted.shape, device="meta").permute(back)
+    return (permuted.shape, back) if again.shape == t.shape and again.stride() == t.stride() else None
+
+
 def _viewed_again(t: torch.Tensor) -> torch.Tensor:
     """t's elements as a view of its base made by view and permute, where t
     is a permutation of its contiguous base (a model's transposed q / k);
@@ -111,12 +132,13 @@ def _viewed_again(t: torch.Tensor) -> torch.Tensor:
     base = t._base
     if not base.is_contiguous() or t.storage_offset() != base.storage_offset() or t.numel() != base.numel():
         return t
-    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-    permuted = t.permute(order)
-    if not permuted.is_contiguous():
-        return t
-    again = base.view(permuted.shape).permute([order.index(d) for d in range(t.dim())])
-    return again if again.shape == t.shape and again.stride() == t.stride() else t
+    key = (t.shape, t.stride())
+    review = _REVIEWS.get(key, _MISSING)
+    if review is _MISSING:
+        if len(_REVIEWS) >= MAX_REVIEWS:
+            _REVIEWS.clear()
+        review = _REVIEWS[key] = _review(t)
+    return t if review is None else base.view(review[0]).permute(review[1])
 
 
 def rope_in_place_or_not(
@@ -127,7 +149,7 @@ def rope_in_place_or_not(
     q and k's memory comes back, holding the rotation, with q and k's
     shapes and strides (``_viewed_again``)."""
     if rotates_in_place(q, k):
-        torch.ops.liger.rope_(q, k, cos, sin, **options)
+        _ROPE_(q, k, cos, sin, **options)
         return _viewed_again(q), None if k is None else _viewed_again(k)
     return _ROPE(q, k, cos, sin, **options)
 

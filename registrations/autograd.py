@@ -48,7 +48,7 @@ def _function(name: str, base: type = torch.autograd.Function, **methods: Callab
     return type(name, (base,), {"__qualname__": name, **body})
 
 
-def _c_apply(function: type) -> Callable:
+def c_apply(function: type) -> Callable:
     """``function.apply`` without Function.apply's Python layer, for plain
     calls only: that layer binds default arguments (none here) and unwraps
     tensors of transforms that ended, which a plain call has none of
@@ -143,7 +143,7 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     # Formula for eager_call's plain calls: the prepared run, found by the caller, comes after the
     # schema's arguments and is called directly.  Same name, so the same grad_fn name.
     Direct = _function(Formula.__name__, forward=direct_forward, backward=direct_backward)
-    direct_apply = _c_apply(Direct)
+    direct_apply = c_apply(Direct)
 
     def direct_kernel(run: Callable, args: tuple):
         """autograd_kernel(*args) (every schema argument given) for a plain

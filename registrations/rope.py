@@ -61,7 +61,7 @@ import torch
 
 from csrc_free_ops.rope import RopeOptions, launch, reference
 from registrations._library import Entries, Prepare, call_from_backward, define_op, register_autograd
-from registrations.rope_check import check, check_in_place, check_positions
+from registrations.rope_check import check, check_apart, check_in_place, check_positions
 
 OP = "liger.rope"
 # position_ids and cu_seqlens are positional (with defaults): torch.library.register_vmap and
@@ -84,6 +84,10 @@ def _check_rope_backward(dq, dk, cos, sin, *schema_options) -> None:
 def _check_rope_(q, k, cos, sin, *schema_options) -> None:
     check(OP + "_", q, k, cos, sin, RopeOptions(*schema_options))
     check_in_place(OP + "_", q, k)
+
+
+def _check_rope_apart(q, k, cos, sin, *schema_options) -> None:
+    check_apart(OP + "_", q, k)
 
 
 def _bundled(entry):
@@ -170,6 +174,7 @@ ROPE_BACKWARD = define_op(
 ROPE_ = define_op(
     f"rope_(Tensor(a!) q, Tensor(b!)? k, Tensor cos, Tensor sin, {OPTIONS}) -> ()",
     check=_check_rope_,
+    check_each_call=_check_rope_apart,
     fake=_fake_,
     traceable=False,  # in place: torch.compile functionalizes the opaque op (auto_functionalized)
     entries=Entries(
@@ -177,6 +182,10 @@ ROPE_ = define_op(
         npu=_bundled(launch.npu_forward_),
         interpreted=_on_cpu(OP + "_", launch.cuda_forward_),
         reference=_on_cpu(OP + "_", reference.forward_),
+    ),
+    prepare=Prepare(
+        cuda=_bundled(launch.prepare_cuda_forward_),
+        interpreted=_on_cpu_prepared(OP + "_", launch.prepare_cuda_forward_),
     ),
 )
 

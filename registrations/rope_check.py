@@ -159,11 +159,15 @@ def _check_uncached(op, q, k, cos, sin, options: RopeOptions, names=("q", "k")) 
 
 
 def check_in_place(op: str, q: torch.Tensor | None, k: torch.Tensor | None) -> None:
-    """Memory that in-place rotation would corrupt: exact on real and fake
-    tensors (registrations/overlap.py)."""
+    """Memory that in-place rotation would corrupt, from q's and k's shapes and strides alone:
+    an element addressed twice.  Exact on real and fake tensors (registrations/overlap.py)."""
     for name, t in (("q", q), ("k", k)):
         if t is not None and overlap.self_overlapping(t):
             raise ValueError(f"{op}: {name} has internally overlapping memory (e.g. an expanded view)")
+
+
+def check_apart(op: str, q: torch.Tensor | None, k: torch.Tensor | None) -> None:
+    """q and k share no element (it depends on where they lie: checked on every call)."""
     if q is not None and k is not None and overlap.overlapping(q, k):
         raise ValueError(f"{op}: q and k overlap in memory; rotating one in place would change the other")
 

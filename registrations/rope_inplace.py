@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -10,6 +11,8 @@ from torch.autograd import forward_ad
 from csrc_free_ops.rope import RopeOptions
 from registrations import overlap
 from registrations._library import LIB, register_version_bumps
+from registrations.autograd import c_apply
+from registrations.eager import DIRECT_KERNELS
 from registrations.rope import OP, ROPE_, ROPE_BACKWARD, call, refuse_table_grad, save_options, transpose_with
 
 # --- rope_ under autograd: torch's in-place semantics
@@ -80,20 +83,21 @@ def _in_region(t: torch.Tensor, region: _Region) -> torch.Tensor:
 
 
 class _RopeInPlace(torch.autograd.Function):
+    """``rotate()`` (the rotation of q and k in place) recorded on their bases; ``options`` are
+    cos, sin and the other options in the schema's order."""
+
     @staticmethod
-    def forward(ctx, args, regions, *bases):
-        q, k, cos, sin, options = args
-        with torch._C._AutoDispatchBelowAutograd():
-            call(ROPE_, q, k, cos, sin, options)
+    def forward(ctx, rotate, options, regions, *bases):
+        rotate()
         ctx.mark_dirty(*bases)
-        save_options(ctx, cos, sin, *options)
+        save_options(ctx, *options)
         ctx.bases = [(b.shape, b.stride()) for b in bases]
         ctx.regions = regions
         return bases if len(bases) > 1 else bases[0]
 
     @staticmethod
     def backward(ctx, *dbases):
-        needs = ctx.needs_input_grad[2:]
+        needs = ctx.needs_input_grad[3:]
         # Incoming gradients in their bases' layouts, so that q's and k's geometry addresses them.
         owned = [False] * len(dbases)
         laid_out = []
@@ -119,38 +123,77 @@ class _RopeInPlace(torch.autograd.Function):
                 base_grad = laid_out[region.base]
                 out[region.base] = base_grad if owned[region.base] else base_grad.clone()
             _in_region(out[region.base], region).copy_(g)
-        return (None, None, *out)
+        return (None, None, None, *out)
+
+
+def _refuse_forward_ad(q, k, cos, sin) -> None:
+    if forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in (q, k, cos, sin)
+    ):
+        raise NotImplementedError(
+            f"{OP}_: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) does not go through the "
+            "in-place rotation (its tangent would be left unrotated); use liger.rope (out of place)"
+        )
+
+
+def _records_gradient(q, k, cos, sin) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, cos, sin))
+
+
+def _recorded_on_bases(q, k, cos, sin) -> tuple[list[torch.Tensor], list[_Region | None]]:
+    """The bases the rotation is recorded on and q's and k's regions in them, after the checks that
+    make a recorded in-place rotation an error."""
+    refuse_table_grad(OP + "_", cos, sin)
+    for name, t in (("q", q), ("k", k)):
+        if t is not None:
+            _check_view_creation(name, t)
+    return _regions(q, k)
+
+
+def _rotate_below_autograd(q, k, cos, sin, options: RopeOptions) -> None:
+    with torch._C._AutoDispatchBelowAutograd():
+        call(ROPE_, q, k, cos, sin, options)
 
 
 def _rope_inplace_autograd(
     q, k, cos, sin, position_ids=None, cu_seqlens=None, *, pairs="halves", mrope_section=None, mrope_interleaved=False
 ) -> None:
     options = RopeOptions(position_ids, cu_seqlens, pairs, mrope_section, mrope_interleaved)
-    args = (q, k, cos, sin, options)
-    tensors = (q, k, cos, sin)
-    if forward_ad._current_level >= 0 and any(
-        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
-    ):
-        raise NotImplementedError(
-            f"{OP}_: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) does not go through the "
-            "in-place rotation (its tangent would be left unrotated); use liger.rope (out of place)"
-        )
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    _refuse_forward_ad(q, k, cos, sin)
+    if _records_gradient(q, k, cos, sin):
         if torch._C._are_functorch_transforms_active():
             raise NotImplementedError(
                 f"{OP}_: gradients through the in-place rotation under torch.func transforms are not supported; "
                 "use liger.rope (out of place)"
             )
-        refuse_table_grad(OP + "_", cos, sin)
-        for name, t in (("q", q), ("k", k)):
-            if t is not None:
-                _check_view_creation(name, t)
-        bases, regions = _regions(q, k)
-        _RopeInPlace.apply(args, regions, *bases)
+        bases, regions = _recorded_on_bases(q, k, cos, sin)
+        rotate = functools.partial(_rotate_below_autograd, q, k, cos, sin, options)
+        _RopeInPlace.apply(rotate, (cos, sin, *options), regions, *bases)
         return None
-    with torch._C._AutoDispatchBelowAutograd():
-        return call(ROPE_, q, k, cos, sin, options)
+    return _rotate_below_autograd(q, k, cos, sin, options)
+
+
+_apply_in_plain_calls = c_apply(_RopeInPlace)
+
+
+def _rope_inplace_direct(run, args: tuple) -> None:
+    """``_rope_inplace_autograd(*args)`` (every schema argument) for a plain call whose prepared run
+    (its checks passed) is ``run`` (registrations/eager.py): the rotation runs without the
+    dispatcher, and its version bumps are the Function's (mark_dirty) or, with no gradient
+    recorded, made here."""
+    q, k, cos, sin = args[:4]
+    _refuse_forward_ad(q, k, cos, sin)
+    if _records_gradient(q, k, cos, sin):
+        bases, regions = _recorded_on_bases(q, k, cos, sin)
+        _apply_in_plain_calls(functools.partial(run, *args), args[2:], regions, *bases)
+        return None
+    run(*args)
+    for t in (q, k):
+        if t is not None:
+            torch.autograd.graph.increment_version(t)
+    return None
 
 
 register_version_bumps(ROPE_, (0, 1))
 LIB.impl("rope_", _rope_inplace_autograd, "Autograd")
+DIRECT_KERNELS[ROPE_] = _rope_inplace_direct

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from csrc_free_ops import launcher
-from registrations.autograd import _c_apply
+from registrations.autograd import c_apply
 from registrations.eager import eager_call
 from tests.helpers import DEVICE
 
@@ -107,7 +107,7 @@ def _forward_backward(forward, inputs):
 def test_a_plain_call_costs_a_bare_function_and_a_fixed_few(case, stubbed_launches):
     _, call, inputs = case
 
-    apply = _c_apply(_Floor)
+    apply = c_apply(_Floor)
 
     def floor():
         return apply(*inputs)
@@ -123,3 +123,24 @@ def test_a_plain_call_costs_a_bare_function_and_a_fixed_few(case, stubbed_launch
         assert not repeated, f"{name}: per-signature work repeated on a prepared call: {repeated}"
         counts[name] = (sum(calls.values()), sum(_python_calls(bare).values()))
         assert counts[name][0] <= counts[name][1] + extra, (name, counts[name], calls)
+
+
+def test_in_place_rope_runs_its_prepared_rotation(stubbed_launches):
+    """rope_ as liger_nn calls it on a model's fresh projections: recorded on their bases by the
+    direct kernel, without the dispatcher's Autograd kernel, and no per-signature work repeated."""
+    x = torch.randn(1, 4, 16, 64, device=DEVICE, requires_grad=True)
+    y = torch.randn(1, 2, 16, 64, device=DEVICE, requires_grad=True)
+    cos, sin = torch.randn(1, 16, 64, device=DEVICE), torch.randn(1, 16, 64, device=DEVICE)
+    rope_ = eager_call(torch.ops.liger.rope_)
+
+    def step():
+        q, k = x * 1.0, y * 1.0
+        rope_(q, k, cos, sin)
+        return torch.autograd.grad(q.sum() + k.sum(), (x, y))
+
+    calls = _python_calls(step)
+    names = {fn for _, fn in calls}
+    assert "_rope_inplace_direct" in names and "_rope_inplace_autograd" not in names, names
+    # (the recording Function's own forward and backward run on every call)
+    repeated = [fn for (file, fn) in calls if fn in ONCE_PER_SIGNATURE and not file.endswith("rope_inplace.py")]
+    assert not repeated, repeated

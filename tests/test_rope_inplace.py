@@ -14,10 +14,19 @@ from hypothesis import strategies as st
 
 from csrc_free_ops.rope import reference
 from registrations import overlap
+from registrations.eager import eager_call
 from tests.helpers import DEVICE, assert_close_to_ref
 from tests.rope_cases import hf_tables
 
 D = 8
+# rope_ through the dispatcher, and as liger_nn calls it (registrations/eager.py: plain calls skip the
+# dispatcher and run the signature's prepared rotation).
+CALLERS = {"op": torch.ops.liger.rope_, "eager_call": eager_call(torch.ops.liger.rope_)}
+
+
+@pytest.fixture(params=sorted(CALLERS))
+def rope_(request):
+    return CALLERS[request.param]
 
 
 def _tables(seq=3, rot=D, dtype=torch.float32):
@@ -51,23 +60,26 @@ OVERLAPPING = {
 
 
 @pytest.mark.parametrize("case", sorted(OVERLAPPING))
-def test_in_place_refuses_q_and_k_sharing_memory(case):
-    buf = torch.randn(1, 3, 3, D, device=DEVICE)
+def test_in_place_refuses_q_and_k_sharing_memory(case, rope_):
+    """Also after a call at the same signature with q and k apart: where they lie is checked
+    on every call, not once per signature."""
+    buf, other = torch.randn(1, 3, 3, D, device=DEVICE), torch.randn(1, 3, 3, D, device=DEVICE)
     q, k = OVERLAPPING[case](buf)
     cos, sin = _tables(3, q.shape[-1])
+    rope_(q, OVERLAPPING[case](other)[1], cos, sin)
     before = buf.clone()
     with pytest.raises(ValueError, match=r"liger\.rope_: q and k overlap in memory"):
-        torch.ops.liger.rope_(q, k, cos, sin)
+        rope_(q, k, cos, sin)
     assert torch.equal(buf, before), "rope_ wrote before refusing"
 
 
-def test_in_place_accepts_disjoint_views_of_one_buffer():
+def test_in_place_accepts_disjoint_views_of_one_buffer(rope_):
     """Fused QKV views (interleaved in memory, no element shared) are rotated,
     and the v part of the buffer is left alone."""
     qkv, q, k = _fused_qkv()
     before = qkv.clone()
     q_ref, k_ref = _rotated(q, k, *_tables())
-    torch.ops.liger.rope_(q, k, *_tables())
+    rope_(q, k, *_tables())
     assert_close_to_ref(q, q_ref, torch.float32, "q")
     assert_close_to_ref(k, k_ref, torch.float32, "k")
     assert torch.equal(qkv[..., 6 * D :], before[..., 6 * D :]), "v changed"
@@ -160,41 +172,41 @@ def test_compiled_in_place_refuses_overlap_and_accepts_disjoint_views():
 # --- autograd
 
 
-def test_leaf_requiring_grad_raises_like_torch_in_place_ops():
+def test_leaf_requiring_grad_raises_like_torch_in_place_ops(rope_):
     q = torch.randn(1, 2, 3, D, device=DEVICE, requires_grad=True)
     k = torch.randn(1, 1, 3, D, device=DEVICE)
     with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
-        torch.ops.liger.rope_(q, k, *_tables())
+        rope_(q, k, *_tables())
     with torch.no_grad():
-        torch.ops.liger.rope_(q, k, *_tables())  # as torch allows under no_grad
+        rope_(q, k, *_tables())  # as torch allows under no_grad
 
 
-def test_version_counter_is_bumped_with_and_without_grad_mode():
+def test_version_counter_is_bumped_with_and_without_grad_mode(rope_):
     q = torch.randn(1, 2, 3, D, device=DEVICE)
     k = torch.randn(1, 1, 3, D, device=DEVICE)
     versions = q._version, k._version
-    torch.ops.liger.rope_(q, k, *_tables())
+    rope_(q, k, *_tables())
     assert q._version > versions[0] and k._version > versions[1]
     versions = q._version, k._version
     with torch.no_grad():
-        torch.ops.liger.rope_(q, k, *_tables())
+        rope_(q, k, *_tables())
     assert q._version > versions[0] and k._version > versions[1]
 
 
-def _loss_through_in_place(x, y, cos, sin, w, v):
+def _loss_through_in_place(x, y, cos, sin, w, v, rope_=torch.ops.liger.rope_):
     q, k = x * 2.0, y + 0.0
-    torch.ops.liger.rope_(q, k, cos, sin)
+    rope_(q, k, cos, sin)
     return (q * w).sum() + (k * v).sum()
 
 
-def test_gradients_flow_through_the_rotation():
+def test_gradients_flow_through_the_rotation(rope_):
     """q = x * 2 rotated in place: x's gradient is that of the functional
     rotation, against float64."""
     x = torch.randn(1, 2, 3, D, device=DEVICE, requires_grad=True)
     y = torch.randn(1, 1, 3, D, device=DEVICE, requires_grad=True)
     w, v = torch.randn_like(x), torch.randn_like(y)
     cos, sin = _tables()
-    got = torch.autograd.grad(_loss_through_in_place(x, y, cos, sin, w, v), (x, y))
+    got = torch.autograd.grad(_loss_through_in_place(x, y, cos, sin, w, v, rope_), (x, y))
     x64, y64 = (t.detach().double().requires_grad_() for t in (x, y))
     q64, k64 = reference.forward(x64 * 2.0, y64 + 0.0, cos.double(), sin.double())
     want = torch.autograd.grad((q64 * w.double()).sum() + (k64 * v.double()).sum(), (x64, y64))
@@ -202,23 +214,23 @@ def test_gradients_flow_through_the_rotation():
         assert_close_to_ref(g, r, torch.float32, what)
 
 
-def test_rotating_a_saved_tensor_makes_backward_raise():
+def test_rotating_a_saved_tensor_makes_backward_raise(rope_):
     x = torch.randn(1, 2, 3, D, device=DEVICE, requires_grad=True)
     k = torch.randn(1, 1, 3, D, device=DEVICE)
     q = x + 0.0
     z = (q * q).sum()
-    torch.ops.liger.rope_(q, k, *_tables())
+    rope_(q, k, *_tables())
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         z.backward()
 
 
-def test_tables_requiring_grad_raise_before_writing():
+def test_tables_requiring_grad_raise_before_writing(rope_):
     q = torch.randn(1, 2, 3, D, device=DEVICE, requires_grad=True) * 1.0
     k = torch.randn(1, 1, 3, D, device=DEVICE)
     cos, sin = _tables()
     before = q.detach().clone()
     with pytest.raises(ValueError, match="cos and sin get no gradient"):
-        torch.ops.liger.rope_(q, k, cos.requires_grad_(), sin)
+        rope_(q, k, cos.requires_grad_(), sin)
     assert torch.equal(q.detach(), before)
 
 
@@ -255,7 +267,7 @@ def test_compiled_in_place_autograd_matches_eager():
         torch.compile(leaf, fullgraph=True, backend="aot_eager")(x, y.detach(), cos, sin)
 
 
-def _projected(fused: bool, in_place: bool):
+def _projected(fused: bool, rope_=None):
     """x -> q, k, v as HF makes them (views of one fused buffer, or of one
     projection each), q and k rotated by rope_ or rope; a loss over all three."""
     g = torch.Generator(device=DEVICE).manual_seed(3)
@@ -270,8 +282,8 @@ def _projected(fused: bool, in_place: bool):
     else:
         q, k, v = (x @ part.t() for part in w.split([hq * D, hk * D, hk * D]))
     q, k, v = (t.reshape(b, s, -1, D).transpose(1, 2) for t in (q, k, v))
-    if in_place:
-        torch.ops.liger.rope_(q, k, cos, sin)
+    if rope_ is not None:
+        rope_(q, k, cos, sin)
     else:
         q, k = torch.ops.liger.rope(q, k, cos, sin)
     loss = (q.sum(1, keepdim=True) * k * v).square().sum()
@@ -279,19 +291,19 @@ def _projected(fused: bool, in_place: bool):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["projection_each", "fused_qkv"])
-def test_in_place_on_hf_views_gives_the_out_of_place_gradients(fused):
+def test_in_place_on_hf_views_gives_the_out_of_place_gradients(fused, rope_):
     """q and k are views (the whole of their projection's output, or slices of
     one fused QKV buffer sharing it with v): autograd records the rotation on
     the bases, and the gradients are the out-of-place op's, in float64."""
-    q_in, grads_in = _projected(fused, in_place=True)
-    q_out, grads_out = _projected(fused, in_place=False)
+    q_in, grads_in = _projected(fused, rope_)
+    q_out, grads_out = _projected(fused)
     assert_close_to_ref(q_in, q_out, torch.float64, "q")
     for g, want, what in zip(grads_in, grads_out, ("dx", "dw"), strict=True):
         assert_close_to_ref(g, want, torch.float64, what)
 
 
-def test_views_autograd_forbids_modifying_in_place_raise():
+def test_views_autograd_forbids_modifying_in_place_raise(rope_):
     x = torch.randn(1, 3, 4 * D, device=DEVICE, requires_grad=True) * 1.0
     q, k = (t.view(1, 3, 2, D).transpose(1, 2) for t in x.split(2 * D, dim=-1))
     with pytest.raises(RuntimeError, match=r"liger\.rope_: q is a view autograd does not allow modifying in place"):
-        torch.ops.liger.rope_(q, k, *_tables())
+        rope_(q, k, *_tables())

@@ -373,9 +373,33 @@ def _prepared(q, k, cos, sin, options: RopeOptions, p: Plan, transpose: bool) ->
     return run
 
 
+def _prepared_in_place(q, k, cos, sin, options: RopeOptions, p: Plan) -> Callable:
+    """``forward_`` with plan p, for every call with these arguments' signature (the op's schema
+    arguments, as ``_prepared``'s run takes them)."""
+
+    def general_run(q, k, cos, sin, *schema_options) -> None:
+        forward_(q, k, cos, sin, p, RopeOptions(*schema_options))
+
+    q4, k4 = heads_view(q), heads_view(k)
+    prepared = _prepare(q4, k4, q4, k4, cos, sin, options, p, False, True)
+    if prepared.run is None:
+        return general_run
+    launch = prepared.run.bind(p.programs, prepared.scalars)
+
+    def run(q, k, cos, sin, position_ids, cu_seqlens, *fixed) -> None:
+        q, k = heads_view(q), heads_view(k)
+        launch(*kernel_tensors(q, k, q, k, cos, sin, position_ids, cu_seqlens))
+
+    return run
+
+
 def prepare_cuda_forward(q, k, cos, sin, options: RopeOptions) -> Callable:
     p = _cuda_plan(q, k, cos, sin, options, _partial(q, k, cos))
     return _prepared(q, k, cos, sin, options, p, False)
+
+
+def prepare_cuda_forward_(q, k, cos, sin, options: RopeOptions) -> Callable:
+    return _prepared_in_place(q, k, cos, sin, options, _cuda_plan(q, k, cos, sin, options, False))
 
 
 def prepare_cuda_backward(dq, dk, cos, sin, options: RopeOptions) -> Callable:
