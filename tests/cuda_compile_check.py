@@ -332,11 +332,14 @@ def _launch_group_norm_paths() -> None:
         x = torch.zeros(2, 40, 16, dtype=dt).movedim(-1, 1)
         for backward, activation in itertools.product((False, True), ("none", "silu")):
             pb = Problem(2, 16, 40, 4, x.element_size(), w is not None, b is not None, backward, activation, True)
-            p = gn_plan.nhwc(pb, *tiles.nhwc_geometry(pb, 8, 64, 8), 5, 4, True, reduce)
-            if backward:
-                gn_launch.backward(x, x, 4, w, b, 1e-5, p)
-            else:
-                gn_launch.forward(x, 4, w, b, 1e-5, p)
+            team = [gn_plan.nhwc_team(pb, 8, 8, 5, True, reduce)]  # 2 groups a block, 5 members a team
+            if dt != torch.float64:  # one-pass kernels: float32 math only
+                team.append(gn_plan.nhwc_one_pass(pb, 8, 8, 1, 4, 16, None, reduce))
+            for p in [gn_plan.nhwc(pb, *tiles.nhwc_geometry(pb, 8, 64, 8), 5, 4, True, reduce), *team]:
+                if backward:
+                    gn_launch.backward(x, x, 4, w, b, 1e-5, p)
+                else:
+                    gn_launch.forward(x, 4, w, b, 1e-5, p)
         x = torch.zeros(2, 16, 40, dtype=dt)
         for activation in ("none", "silu") if i < 2 else ("none",):
             gn_launch.cuda_forward(x, 4, w, b, 1e-5, activation)
@@ -365,6 +368,14 @@ def _launch_group_norm_paths() -> None:
                     gn_launch.backward(x, x, 4, w, w, 1e-5, p)
                 else:
                     gn_launch.forward(x, 4, w, w, 1e-5, p)
+                # The nhwc one-pass candidates at these shapes (bench.lab.probe_group_norm_nhwc), for their spills.
+                team = gn_plan.cuda_nhwc_one_pass(pb, h200, p) if cl else None
+                if team is not None and ("team", tuple(team.steps[0].constexprs)) not in seen:
+                    seen.add(("team", tuple(team.steps[0].constexprs)))
+                    if backward:
+                        gn_launch.backward(x, x, 4, w, w, 1e-5, team)
+                    else:
+                        gn_launch.forward(x, 4, w, w, 1e-5, team)
 
 
 def _launch_rope_paths() -> None:

@@ -16,6 +16,12 @@ shipped plan and the op.  Candidates:
 * ``today``: what plan.cuda gives channels-last x with the nhwc path off;
 * ``plan``: what plan.cuda ships; ``op``: torch.ops.liger.group_norm
   through autograd;
+* ``team/C<tile_c>/T<tile>``: plan.cuda_nhwc_team (teams of whole groups
+  over two launches, the partials merged by apply / dx itself);
+* ``one_pass/C<tile_c>/T<tile>/W<warps>``: plan.cuda_nhwc_one_pass (the
+  same teams in one cooperative launch, x read once; path ``fallback``
+  where its compiled kernel's teams were not resident and today's nhwc
+  plan ran instead);
 * ``contiguous``: plan.cuda's plan for the same x contiguous (the layout gap);
 * ``torch`` / ``compile``: silu(F.group_norm(x)) eager and under torch.compile.
 
@@ -47,6 +53,9 @@ TILE_C = (64, 128, 256, 512)
 TILE = (2048, 4096, 8192)
 ITEMS_PER_SM = (2, 4, 8)
 QUICK = ((128, 4096, 4), (256, 4096, 4), (256, 8192, 8))
+# Team candidates: (tile_c, tile) and one-pass warps.
+TEAM_TILES = ((64, 1024), (64, 2048), (64, 4096), (128, 2048), (128, 4096))
+TEAM_WARPS = (4, 8)
 
 
 def silu_group_norm(x, num_groups, weight, bias, eps):
@@ -119,7 +128,22 @@ def candidates(case, quick: bool, dev):
             continue
         p = plan.cuda_nhwc(case.problem(), dev.sms, tile_c, tile // (2 if case.backward else 1), items)
         out.append((f"nhwc/C{tile_c}/T{tile}/I{items}", p, None))
+    for tile_c, tile in TEAM_TILES[:2] if quick else TEAM_TILES:
+        team = plan.cuda_nhwc_team(case.problem(), dev.sms, tile_c, tile)
+        if team is not None:
+            out.append((f"team/C{tile_c}/T{tile}", team, None))
+        for warps in TEAM_WARPS:
+            one = plan.cuda_nhwc_one_pass(case.problem(), dev, out[0][1], tile_c, tile, warps)
+            if one is not None:
+                out.append((f"one_pass/C{tile_c}/T{tile}/W{warps}", one, None))
     return out
+
+
+def _path(p) -> str:
+    """p's path, ``fallback`` for a one-pass plan whose teams were not resident (its fallback ran)."""
+    from csrc_free_ops.group_norm import launch
+
+    return "fallback" if p.team_size and None in launch.capped_steps(p) else p.path
 
 
 def _op(x, num_groups, weight, bias, eps):
@@ -128,15 +152,17 @@ def _op(x, num_groups, weight, bias, eps):
 
 def measure(case, args, compiled, dev):
     """(name, path, graph us, eager us or None, ok, err) of every candidate of case."""
-    runs = [(n, p.path, case.run_plan(p, x), n == "plan") for n, p, x in candidates(case, args.quick, dev)]
-    runs.append(("op", "", case.run_op(_op), True))
-    runs.append(("torch", "", case.run_op(silu_group_norm, params_in_x_dtype=True), False))
+    runs = [(n, p, case.run_plan(p, x), n == "plan") for n, p, x in candidates(case, args.quick, dev)]
+    runs.append(("op", None, case.run_op(_op), True))
+    runs.append(("torch", None, case.run_op(silu_group_norm, params_in_x_dtype=True), False))
     if not args.no_compile:
-        runs.append(("compile", "", case.run_op(compiled, params_in_x_dtype=True), False))
+        runs.append(("compile", None, case.run_op(compiled, params_in_x_dtype=True), False))
     rows = []
-    for name, path, fn, eager in runs:
+    for name, p, fn, eager in runs:
+        path = "" if p is None else p.path
         try:
             err = max_rel_error(fn(), case.ref)
+            path = "" if p is None else _path(p)
             torch.cuda.synchronize()
             g = graph_ms(fn, args.rep) * 1e3
             e = do_bench_ms(fn, args.rep) * 1e3 if eager else None
@@ -193,8 +219,9 @@ def main(argv=None) -> int:
         del case
         torch.cuda.empty_cache()
     lines += ["", f"## Summary (graph us), {time.time() - start:.0f} s", ""]
-    lines += ["| shape | dtype | dir | best nhwc | plan | today | contiguous | compile | torch | plan/contiguous |",
-              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["| shape | dtype | dir | best nhwc | best team | plan | today | contiguous | compile | torch | "
+              "plan/contiguous | best team/contiguous |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     slowdowns: dict[tuple[str, str], list[float]] = {}  # (direction, variant): time / the row's best
     for tag, rows in summary:
         t = {r[0]: r[2] for r in rows if r[4] == "ok"}
@@ -205,9 +232,14 @@ def main(argv=None) -> int:
         best = min(variants, key=variants.get)
         for k, v in variants.items():
             slowdowns.setdefault((tag[2], k), []).append(v / variants[best])
+        teams = {r[0]: r[2] for r in rows if r[4] == "ok" and r[1] in ("nhwc_team", "nhwc_one_pass")}
+        best_team = min(teams, key=teams.get) if teams else None
+        team_cell = f"{best_team} {teams[best_team]:.1f}" if best_team else "-"
         cells = [f"{t[k]:.1f}" if k in t else "-" for k in ("plan", "today", "contiguous", "compile", "torch")]
         gap = f"{t['plan'] / t['contiguous']:.2f}x" if "plan" in t and "contiguous" in t else "-"
-        lines.append(f"| {' | '.join(tag)} | {best} {variants[best]:.1f} | {' | '.join(cells)} | {gap} |")
+        team_gap = f"{teams[best_team] / t['contiguous']:.2f}x" if best_team and "contiguous" in t else "-"
+        lines.append(f"| {' | '.join(tag)} | {best} {variants[best]:.1f} | {team_cell} | {' | '.join(cells)} | {gap} "
+                     f"| {team_gap} |")  # fmt: skip
     lines.append("")
     for direction in sorted({d for d, _ in slowdowns}):
         # geometric mean over the direction's rows of each variant's time over the row's best
@@ -226,6 +258,8 @@ def main(argv=None) -> int:
         "moves the boundary: raise NHWC_MIN_BYTES above that x's bytes, or lower the row-bytes bound below its "
         "cpg * element size.",
         "* Targets (issue 35): 'plan' below 'compile' and upstream on every row; plan/contiguous <= 1.10.",
+        "* best team: where a team/ or one_pass/ variant beats 'plan' on a row, plan.cuda should take it there "
+        "(plan.NHWC_TEAM_MERGE's comment).",
     ]
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -24,6 +24,11 @@ group) is a *row* of cpg = C // num_groups channels x HW positions.  Paths
 
 * nhwc (CUDA, channels-last x): split's three launches over items that
   span groups, [positions, channels] tiles reading whole pixel rows.
+* nhwc_team / nhwc_one_pass (CUDA, channels-last x; built, tested, not yet
+  planned: NHWC_TEAM_MERGE's comment): teams of whole groups per (sample,
+  channel block), their members the spatial segments; partials then apply
+  / dx over launches, or all of it in one cooperative launch with each
+  member's tile held in registers across the team's barrier.
 
 CUDA picks nhwc for channels-last x with narrow group runs (``nhwc_wins``),
 else, in order: whole (if the group fits and there are enough rows to
@@ -49,13 +54,14 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from csrc_free_ops.device import NPU_MAX_GRID
-from csrc_free_ops.group_norm import kernels, nhwc_kernels, npu_budget, residency, tiles
+from csrc_free_ops.group_norm import kernels, nhwc_kernels, nhwc_team_kernels, npu_budget, residency, tiles
 from csrc_free_ops.group_norm.residency import CudaDevice
 from csrc_free_ops.group_norm.workspace import (
     BWD_PARTIALS,
     BWD_STATS,
     FWD_PARTIALS,
     FWD_STATS,
+    NHWC_TEAM_BWD,
     NO_WORKSPACE,
     PARAM_TERMS,
     Workspace,
@@ -195,6 +201,10 @@ NHWC_MIN_BYTES = 2**20
 NHWC_TILE_C = 64
 NHWC_TILE = {False: 2048, True: 1024}
 NHWC_ITEMS_PER_SM = {False: 2, True: 4}
+# nhwc team paths (nhwc_team_kernels.py): the most elements of a team's [groups, segments] merge step.
+# Candidates of ``python -m bench.lab.probe_group_norm_nhwc``, not yet planned: plan.cuda takes them
+# once that probe has measured them against nhwc at the diffusion shapes.
+NHWC_TEAM_MERGE = 256
 
 NPU_REDUCE_BLOCK_C = 64
 
@@ -370,6 +380,75 @@ def nhwc(pb: Problem, block_c: int, block_hw: int, chunk: int, grid_cap: int, me
     return _plan(pb, "nhwc", steps, chunk, workspace)
 
 
+def _team_blocks(pb: Problem, block_c: int, block_hw: int) -> tuple[tuple[str, object], ...]:
+    """The constexprs of nhwc team tiles; ValueError where the problem has no such plan."""
+    if not pb.channels_last:
+        raise ValueError("group_norm: nhwc team plans read channels-last x only; plan contiguous x another path")
+    if block_c < pb.cpg or block_c & (block_c - 1):
+        raise ValueError(f"group_norm: nhwc team tiles hold whole groups: block_c {block_c} for {pb.cpg} channels")
+    if pb.c * pb.hw >= 2**31:
+        raise ValueError("group_norm: nhwc team tiles address a sample with int32 offsets; it has 2**31 elements")
+    block_g = next_pow2(block_c // pb.cpg)
+    block_s = max(1, min(next_pow2(cdiv(pb.hw, block_hw)), NHWC_TEAM_MERGE // block_g))
+    return (("BLOCK_C", block_c), ("BLOCK_HW", block_hw), ("BLOCK_G", block_g), ("BLOCK_S", block_s))
+
+
+def team_rows(pb: Problem, block_c: int) -> int:
+    """The teams of an nhwc team plan: (sample, channel block of whole groups)."""
+    return pb.n * cdiv(pb.num_groups, block_c // pb.cpg)
+
+
+def nhwc_team(pb: Problem, block_c: int, block_hw: int, grid_cap: int, warps: bool,
+              reduce: tuple[int, int, int, tuple]) -> Plan:  # fmt: skip
+    """Channels-last x by teams of whole groups over launches
+    (nhwc_team_kernels.py): partials, then apply / dx merging them
+    [, reduce]; a backward with an activation first runs the partials for
+    the statistics alone."""
+    block = _team_blocks(pb, block_c, block_hw)
+    splits = cdiv(pb.hw, block_hw)
+    grid = max(1, min(team_rows(pb, block_c) * splits, grid_cap))
+    options = _warps(block_c * block_hw) if warps else ()
+    if not pb.backward:
+        stats = FWD_PARTIALS.rows("mean", "m2")
+        steps = [
+            Step(nhwc_team_kernels.nhwc_fwd_team_partials_kernel, grid, stats + block[:3] + _common(pb), options),
+            Step(nhwc_team_kernels.nhwc_fwd_team_apply_kernel, grid, _flags(pb) + stats + block + _common(pb), options),
+        ]  # fmt: skip
+        return _plan(pb, "nhwc_team", steps, block_hw, FWD_PARTIALS)
+    sums = NHWC_TEAM_BWD.rows("mean", "m2", "sum_g", "sum_gd")
+    steps = [
+        Step(nhwc_team_kernels.nhwc_bwd_team_partials_kernel, grid,
+             _flags(pb) + (("HAS_DY", has_dy),) + sums + block + _common(pb), options)
+        for has_dy in ((False, True) if pb.activation != "none" else (True,))
+    ]  # fmt: skip
+    terms = NHWC_TEAM_BWD.rows("dweight", "sum_dy")
+    steps.append(Step(nhwc_team_kernels.nhwc_bwd_team_dx_kernel, grid, _flags(pb) + sums + terms + block + _common(pb),
+                      options))  # fmt: skip
+    if pb.has_weight or pb.has_bias:
+        steps.append(_reduce_step(pb, NHWC_TEAM_BWD, pb.n * splits, *reduce))
+    return _plan(pb, "nhwc_team", steps, block_hw, NHWC_TEAM_BWD)
+
+
+def nhwc_one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | None, max_rounds: int,
+                  fallback: Plan | None, reduce: tuple[int, int, int, tuple]) -> Plan:  # fmt: skip
+    """nhwc_team's work in one launch: a team of cdiv(hw, block_hw) members
+    per (sample, channel block), ``teams`` teams (at least one, at most one
+    per team row), each member holding its tile across the team's barrier."""
+    block = _team_blocks(pb, block_c, block_hw)
+    splits = cdiv(pb.hw, block_hw)
+    rows = team_rows(pb, block_c)
+    teams = max(1, min(rows, teams))
+    workspace = NHWC_TEAM_BWD if pb.backward else FWD_PARTIALS
+    names = ("mean", "m2", "sum_g", "sum_gd", "dweight", "sum_dy") if pb.backward else ("mean", "m2")
+    options = (("launch_cooperative_grid", True),) + ((("num_warps", warps),) if warps is not None else ())
+    kernel = nhwc_team_kernels.nhwc_bwd_one_pass_kernel if pb.backward else nhwc_team_kernels.nhwc_fwd_one_pass_kernel
+    steps = [Step(kernel, teams * splits, _flags(pb) + workspace.rows(*names) + block + _common(pb), options)]
+    if pb.backward and (pb.has_weight or pb.has_bias):
+        steps.append(_reduce_step(pb, workspace, pb.n * splits, *reduce))
+    return _plan(pb, "nhwc_one_pass", steps, block_hw, workspace, counters=rows, team_size=splits,
+                 max_rounds=max_rounds, fallback=fallback)  # fmt: skip
+
+
 def one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | None, prefetch: bool,
              merge_block: int, max_rounds: int = 1 << 30, fallback: Plan | None = None,
              reduce: tuple[int, int, int, tuple] = (1, 1, 1, ()), maxnreg: int | None = None) -> Plan:  # fmt: skip
@@ -485,6 +564,36 @@ def cuda_nhwc(pb: Problem, sms: int, tile_c: int = NHWC_TILE_C, tile: int | None
     block_c, block_hw, chunk = tiles.nhwc_geometry(pb, tile_c, tile, sms * items_per_sm)
     reduce = _cuda_reduce(pb, pb.n * cdiv(pb.hw, chunk), sms)
     return nhwc(pb, block_c, block_hw, chunk, sms * PROGRAMS_PER_SM, MERGE_BLOCK, True, reduce)
+
+
+def cuda_nhwc_team(pb: Problem, sms: int, tile_c: int = NHWC_TILE_C, tile: int | None = None) -> Plan | None:
+    """The nhwc_team plan with tiles of at most ``tile`` elements (NHWC_TILE) and about ``tile_c``
+    channels, or None for a sample of 2**31 elements."""
+    if pb.c * pb.hw >= 2**31:
+        return None
+    block_c, block_hw, splits = tiles.team_geometry(pb, tile_c, NHWC_TILE[pb.backward] if tile is None else tile)
+    return nhwc_team(pb, block_c, block_hw, sms * PROGRAMS_PER_SM, True, _cuda_reduce(pb, pb.n * splits, sms))
+
+
+def cuda_nhwc_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan, tile_c: int = NHWC_TILE_C,
+                       tile: int | None = None, warps: int | None = None) -> Plan | None:  # fmt: skip
+    """The nhwc_one_pass plan, if the device allows it (as ``_cuda_one_pass``: a real GPU, float32
+    math, not a backward with an activation) and by the estimated registers its rounds of resident teams are at most
+    ONE_PASS_MAX_ROUNDS; ``fallback`` runs where the compiled kernel's are not."""
+    if not dev.cooperative or pb.compute != tl.float32 or pb.c * pb.hw >= 2**31:
+        return None
+    if pb.backward and pb.activation != "none":
+        return None  # as _cuda_one_pass: its sm_90 compile at (16, 1280, 16, 16) keeps 8 bytes of stack
+    tile = NHWC_TILE[pb.backward] if tile is None else tile
+    warps = ONE_PASS_WARPS[pb.backward] if warps is None else warps
+    block_c, block_hw, splits = tiles.team_geometry(pb, tile_c, tile)
+    regs = residency.estimated_registers(pb, block_c * block_hw, warps, False, False)
+    rows = team_rows(pb, block_c)
+    teams = residency.resident_teams(dev, warps, regs, residency.ONE_PASS_SHARED_ESTIMATE, splits, rows)
+    if teams == 0 or cdiv(rows, teams) > ONE_PASS_MAX_ROUNDS:
+        return None
+    reduce = _cuda_reduce(pb, pb.n * splits, dev.sms)
+    return nhwc_one_pass(pb, block_c, block_hw, rows, warps, ONE_PASS_MAX_ROUNDS, fallback, reduce)
 
 
 def nhwc_wins(pb: Problem) -> bool:

@@ -62,3 +62,24 @@ def nhwc_geometry(pb: Problem, tile_c: int, tile: int, target_items: int) -> tup
     hw_blocks = cdiv(pb.hw, block_hw)
     splits = max(1, min(hw_blocks, cdiv(target_items, pb.n * cdiv(pb.c, block_c))))
     return block_c, block_hw, cdiv(hw_blocks, splits) * block_hw
+
+
+def team_channels(pb: Problem, most: int) -> int:
+    """block_c of an nhwc team: a power of two of at least cpg and at most
+    ``most`` (or next_pow2(cpg) if that is more) channels, holding the most
+    channels of whole groups per lane (the least masked lanes), the wider
+    on a tie (longer runs of each pixel row per load)."""
+    narrowest = next_pow2(pb.cpg)
+    candidates = [narrowest]
+    while candidates[-1] < min(most, next_pow2(pb.c)):
+        candidates.append(candidates[-1] * 2)
+    return max(candidates, key=lambda b: (min(b // pb.cpg, pb.num_groups) * pb.cpg / b, b))
+
+
+def team_geometry(pb: Problem, most_c: int, tile: int) -> tuple[int, int, int]:
+    """(block_c, block_hw, splits) of nhwc team members: [block_hw, block_c]
+    tiles of at most ``tile`` elements (at least one position), one per
+    spatial segment."""
+    block_c = team_channels(pb, most_c)
+    block_hw = max(1, min(next_pow2(pb.hw), tile // block_c))
+    return block_c, block_hw, cdiv(pb.hw, block_hw)

@@ -32,6 +32,9 @@ NO_WORKSPACE = Workspace()
 # sum(dy * (x - segment mean)) and the dweight term sum(dy * xhat).
 FWD_PARTIALS = Workspace(("mean", "m2"))
 BWD_PARTIALS = Workspace(("mean", "m2", "sum_dy", "sum_dy_d", "dweight"))
+# The nhwc team paths backward: per (sample, segment, group) partials (in each segment row's first
+# num_groups slots: mean, M2, sum(g), sum(g * (x - mean))), then each channel's dweight and dbias terms.
+NHWC_TEAM_BWD = Workspace(("mean", "m2", "sum_g", "sum_gd", "dweight", "sum_dy"))
 # The finalize kernels' per-(sample, group) statistics.
 FWD_STATS = ("mean", "rstd")
 BWD_STATS = ("mean", "rstd", "mean_g", "mean_gxhat")
