@@ -17,6 +17,7 @@ from csrc_free_ops.group_norm import kernels, launch, nhwc_team_kernels, plan, t
 from csrc_free_ops.group_norm.plan import Problem
 from csrc_free_ops.group_norm.residency import CudaDevice
 from csrc_free_ops.host_math import next_pow2
+from tests.helpers import DEVICE
 from tests.test_group_norm import (
     SMALL_REDUCE,
     check_against_reference,
@@ -172,3 +173,33 @@ def test_cuda_nhwc_one_pass_plans_resident_teams_with_the_nhwc_fallback():
         huge = Problem(1, 2**16, 2**15, 2**10, 2, True, True, backward, SILU, True)
         assert plan.cuda_nhwc_one_pass(huge, h100, None) is None
         assert plan.cuda_nhwc_team(huge, 132) is None
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="multi-member teams need resident programs (a GPU)")
+@pytest.mark.parametrize("activation", ["none", SILU])
+@pytest.mark.parametrize("shape", [(2, 320, 64, 64), (16, 1280, 16, 16), (3, 96, 17, 19)])
+def test_gpu_one_pass_teams_of_many_members(shape, activation):
+    """nhwc_one_pass at diffusion shapes (and an odd one): teams of many
+    members meet at the barrier, the plan's grid capped to resident teams (not
+    its fallback); a backward with SiLU, which the planner does not pick,
+    must still be right.  nhwc_team beside it, against float64."""
+    x = make_cl(shape, torch.bfloat16, offset=1.0)
+    weight, bias = make_params(shape[1], "both", torch.float32)
+    dy = torch.randn_like(x)
+    dev = launch._cuda_device(x.device, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    for path in PATHS:
+        plans = []
+        for bw in (False, True):
+            pb = problem(x, 32, weight, bias, bw, activation)
+            if path == "nhwc_team":
+                plans.append(plan.cuda_nhwc_team(pb, dev.sms))
+                continue
+            block_c, block_hw, _ = tiles.team_geometry(pb, plan.NHWC_TILE_C, plan.NHWC_TILE[bw])
+            rows = plan.team_rows(pb, block_c)
+            plans.append(plan.nhwc_one_pass(pb, block_c, block_hw, rows, 4, 64, plan.cuda(pb, dev), SMALL_REDUCE))
+            assert plans[-1].team_size > 1
+        y = launch.forward(x, 32, weight, bias, 1e-5, plans[0])
+        grads = launch.backward(dy, x, 32, weight, bias, 1e-5, plans[1])
+        if path == "nhwc_one_pass":
+            assert all(None not in launch.capped_steps(p) for p in plans), "a one-pass team was not resident"
+        check_against_reference(y, named_grads(*grads), x, 32, weight, bias, dy, 1e-5, activation)
