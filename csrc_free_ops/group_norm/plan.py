@@ -205,6 +205,10 @@ NHWC_ITEMS_PER_SM = {False: 2, True: 4}
 # Candidates of ``python -m bench.lab.probe_group_norm_nhwc``, not yet planned: plan.cuda takes them
 # once that probe has measured them against nhwc at the diffusion shapes.
 NHWC_TEAM_MERGE = 256
+# Register cap of the one-pass backward with an activation: uncapped, its sm_90 compile at (16, 1280, 16, 16)
+# took 128 registers and 8 bytes of stack (the CUDA compile check); capped at this, 136 and none, at every
+# diffusion shape.
+NHWC_ONE_PASS_ACTIVATION_BWD_MAXNREG = 136
 
 NPU_REDUCE_BLOCK_C = 64
 
@@ -430,10 +434,12 @@ def nhwc_team(pb: Problem, block_c: int, block_hw: int, grid_cap: int, warps: bo
 
 
 def nhwc_one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | None, max_rounds: int,
-                  fallback: Plan | None, reduce: tuple[int, int, int, tuple]) -> Plan:  # fmt: skip
+                  fallback: Plan | None, reduce: tuple[int, int, int, tuple],
+                  maxnreg: int | None = None) -> Plan:  # fmt: skip
     """nhwc_team's work in one launch: a team of cdiv(hw, block_hw) members
     per (sample, channel block), ``teams`` teams (at least one, at most one
-    per team row), each member holding its tile across the team's barrier."""
+    per team row), each member holding its tile across the team's barrier.
+    warps / maxnreg None: no such launch option."""
     block = _team_blocks(pb, block_c, block_hw)
     splits = cdiv(pb.hw, block_hw)
     rows = team_rows(pb, block_c)
@@ -441,6 +447,7 @@ def nhwc_one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: i
     workspace = NHWC_TEAM_BWD if pb.backward else FWD_PARTIALS
     names = ("mean", "m2", "sum_g", "sum_gd", "dweight", "sum_dy") if pb.backward else ("mean", "m2")
     options = (("launch_cooperative_grid", True),) + ((("num_warps", warps),) if warps is not None else ())
+    options += (("maxnreg", maxnreg),) if maxnreg is not None else ()
     kernel = nhwc_team_kernels.nhwc_bwd_one_pass_kernel if pb.backward else nhwc_team_kernels.nhwc_fwd_one_pass_kernel
     steps = [Step(kernel, teams * splits, _flags(pb) + workspace.rows(*names) + block + _common(pb), options)]
     if pb.backward and (pb.has_weight or pb.has_bias):
@@ -578,14 +585,13 @@ def cuda_nhwc_team(pb: Problem, sms: int, tile_c: int = NHWC_TILE_C, tile: int |
 def cuda_nhwc_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan, tile_c: int = NHWC_TILE_C,
                        tile: int | None = None, warps: int | None = None) -> Plan | None:  # fmt: skip
     """The nhwc_one_pass plan, if the device allows it (as ``_cuda_one_pass``: a real GPU, float32
-    math, not a backward with an activation) and by the estimated registers its rounds of resident teams are at most
+    math) and by the estimated registers its rounds of resident teams are at most
     ONE_PASS_MAX_ROUNDS; ``fallback`` runs where the compiled kernel's are not."""
     if not dev.cooperative or pb.compute != tl.float32 or pb.c * pb.hw >= 2**31:
         return None
-    if pb.backward and pb.activation != "none":
-        return None  # as _cuda_one_pass: its sm_90 compile at (16, 1280, 16, 16) keeps 8 bytes of stack
     tile = NHWC_TILE[pb.backward] if tile is None else tile
     warps = ONE_PASS_WARPS[pb.backward] if warps is None else warps
+    maxnreg = NHWC_ONE_PASS_ACTIVATION_BWD_MAXNREG if pb.backward and pb.activation != "none" else None
     block_c, block_hw, splits = tiles.team_geometry(pb, tile_c, tile)
     regs = residency.estimated_registers(pb, block_c * block_hw, warps, False, False)
     rows = team_rows(pb, block_c)
@@ -593,7 +599,7 @@ def cuda_nhwc_one_pass(pb: Problem, dev: CudaDevice, fallback: Plan, tile_c: int
     if teams == 0 or cdiv(rows, teams) > ONE_PASS_MAX_ROUNDS:
         return None
     reduce = _cuda_reduce(pb, pb.n * splits, dev.sms)
-    return nhwc_one_pass(pb, block_c, block_hw, rows, warps, ONE_PASS_MAX_ROUNDS, fallback, reduce)
+    return nhwc_one_pass(pb, block_c, block_hw, rows, warps, ONE_PASS_MAX_ROUNDS, fallback, reduce, maxnreg)
 
 
 def nhwc_wins(pb: Problem) -> bool:
