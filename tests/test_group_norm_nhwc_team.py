@@ -29,7 +29,7 @@ from tests.test_group_norm_nhwc import CASES, SILU, make_cl
 PATHS = ("nhwc_team", "nhwc_one_pass")
 
 
-def team_plan(pb: Problem, path: str, tile_c: int = 8, tile: int = 16, programs: int = 5) -> plan.Plan:
+def team_plan(pb: Problem, path: str, tile_c: int = 8, tile: int = 64, programs: int = 5) -> plan.Plan:
     block_c = tiles.team_channels(pb, tile_c)
     if path == "nhwc_one_pass":
         return plan.nhwc_one_pass(pb, block_c, next_pow2(pb.hw), programs, None, 32, None, SMALL_REDUCE)
@@ -92,8 +92,8 @@ def test_team_paths_write_every_output_and_are_bitwise_deterministic(monkeypatch
     weight, bias = make_params(shape[1], "both", torch.float32)
     dy = torch.randn_like(x)
     poison_allocations(monkeypatch)
-    first = run_team(x, groups, weight, bias, dy, 1e-5, path, SILU, tile_c=16, tile=32)
-    second = run_team(x, groups, weight, bias, dy, 1e-5, path, SILU, tile_c=16, tile=32)
+    first = run_team(x, groups, weight, bias, dy, 1e-5, path, SILU, tile_c=16, tile=64)
+    second = run_team(x, groups, weight, bias, dy, 1e-5, path, SILU, tile_c=16, tile=64)
     monkeypatch.undo()
     check_against_reference(first[0], named_grads(*first[1]), x, groups, weight, bias, dy, 1e-5, SILU)
     for a, b in zip((first[0], *first[1]), (second[0], *second[1]), strict=True):
