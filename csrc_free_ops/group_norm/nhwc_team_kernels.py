@@ -305,6 +305,16 @@ def _item(item, splits):
 
 
 @triton.jit
+def _item_backwards(i, n_items, splits, c_blocks, cpg, gpb, C, HW, chunk, BLOCK_C: tl.constexpr,
+                    BLOCK_HW: tl.constexpr, BLOCK_G: tl.constexpr, COMPUTE: tl.constexpr):  # fmt: skip
+    """The apply / dx kernels' i-th item, counted from the last (the partials launch has just
+    streamed those, so they are likeliest still in L2): its segment, tile (``_team_tile``) and lanes."""
+    row, s = _item(n_items - 1 - i, splits)
+    n, cb, base, offs, mask, cs, c_mask = _team_tile(row, s, c_blocks, cpg, gpb, C, HW, chunk, BLOCK_C, BLOCK_HW)
+    return s, n, cb, base, offs, mask, cs, c_mask, _lane_groups(c_mask, cpg, BLOCK_C, BLOCK_G, COMPUTE)
+
+
+@triton.jit
 def nhwc_fwd_team_partials_kernel(
     x, weight, bias, y, workspace, counters, N, C, HW, stride_c, stride_s, num_groups, chunk, eps: tl.float64,
     MEAN_ROW: tl.constexpr, M2_ROW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
@@ -335,10 +345,9 @@ def nhwc_fwd_team_apply_kernel(
     size = _group_size(cpg, HW, COMPUTE)
     n_items = n_rows * splits
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
-        row, s = _item(n_items - 1 - i, splits)
-        n, cb, base, offs, mask, cs, c_mask = _team_tile(row, s, c_blocks, cpg, gpb, C, HW, chunk, BLOCK_C, BLOCK_HW)
-        lanes = _lane_groups(c_mask, cpg, BLOCK_C, BLOCK_G, COMPUTE)
+        s, n, cb, base, offs, mask, cs, c_mask, lanes = _item_backwards(
+            i, n_items, splits, c_blocks, cpg, gpb, C, HW, chunk, BLOCK_C, BLOCK_HW, BLOCK_G, COMPUTE
+        )
         mean, m2, _, _ = _merge_team(
             workspace, n, cb, cpg, gpb, num_groups, C, HW, chunk, splits, n_segments,
             MEAN_ROW, M2_ROW, MEAN_ROW, MEAN_ROW, False, BLOCK_G, BLOCK_S, COMPUTE,
@@ -400,10 +409,9 @@ def nhwc_bwd_team_dx_kernel(
     size = _group_size(cpg, HW, COMPUTE)
     n_items = n_rows * splits
     for i in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        # Last item first: the partials pass has just streamed those, so they are likeliest still in L2.
-        row, s = _item(n_items - 1 - i, splits)
-        n, cb, base, offs, mask, cs, c_mask = _team_tile(row, s, c_blocks, cpg, gpb, C, HW, chunk, BLOCK_C, BLOCK_HW)
-        lanes = _lane_groups(c_mask, cpg, BLOCK_C, BLOCK_G, COMPUTE)
+        s, n, cb, base, offs, mask, cs, c_mask, lanes = _item_backwards(
+            i, n_items, splits, c_blocks, cpg, gpb, C, HW, chunk, BLOCK_C, BLOCK_HW, BLOCK_G, COMPUTE
+        )
         mean, m2, sum_g, sum_gd = _merge_team(
             workspace, n, cb, cpg, gpb, num_groups, C, HW, chunk, splits, n_segments,
             MEAN_ROW, M2_ROW, SUM_G_ROW, SUM_GD_ROW, True, BLOCK_G, BLOCK_S, COMPUTE,
