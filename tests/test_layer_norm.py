@@ -199,3 +199,21 @@ def test_module_drop_in_matches_nn_layer_norm(kwargs):
         for p_ours, p_theirs in zip(ours.parameters(), theirs.parameters(), strict=True):
             assert_close_to_ref(p_ours.grad, p_theirs.grad, torch.float64)
         assert isinstance(ours, torch.nn.LayerNorm) and repr(ours) == repr(theirs)
+
+
+def test_rows_of_a_channels_first_activation_take_the_prepared_run(monkeypatch):
+    """diffusers' transformer blocks normalize (B, H*W, C) views of NCHW activations (rows not one
+    stride apart): after the first call the prepared runs read them (through a copy, as the
+    general sequence does; no plan is looked up again) and return contiguous y and dx, against
+    float64."""
+    base = torch.randn(2, 32, 4, 5, device=DEVICE, dtype=torch.float64)
+    x = base.permute(0, 2, 3, 1).reshape(2, 20, 32).requires_grad_()
+    assert not x.is_contiguous() and x.stride() == (640, 1, 20)
+    w, b = (torch.randn(32, device=DEVICE, dtype=torch.float64).requires_grad_() for _ in range(2))
+    dy = torch.randn(2, 20, 32, device=DEVICE, dtype=torch.float64)
+    for call in range(2):
+        if call:
+            monkeypatch.setattr(launch, "cuda_plan", lambda *a: pytest.fail("planned again: no prepared run"))
+        y, grads = _call(x, w, b, dy, 1e-5)
+        assert y.is_contiguous() and grads[0].is_contiguous()
+        assert_matches(y, grads, x, w, b, dy, 1e-5, center=True)

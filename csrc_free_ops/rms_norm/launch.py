@@ -157,20 +157,38 @@ def _all_contiguous(*tensors: torch.Tensor | None) -> bool:
     return all(t is None or t.is_contiguous() for t in tensors)
 
 
+def _copied_rows(x: torch.Tensor, n_cols: int) -> bool | None:
+    """How a prepared run reads x: as it is (False: contiguous), or through reshape's contiguous
+    copy (True: rows no one stride apart, e.g. diffusers' (B, H*W, C) view of an NCHW activation,
+    which ``rows`` copies in the general sequence too); None where the general sequence must run
+    (a strided 2-D view, whose strides it passes to the kernel).  It depends on x's shape and
+    strides alone."""
+    if x.is_contiguous():
+        return False
+    return True if x.reshape(-1, n_cols).is_contiguous() else None
+
+
+def _output_maker(x: torch.Tensor, copied: bool) -> Callable[[], torch.Tensor]:
+    """``output_like``'s tensor (contiguous, of x's shape) for a prepared run."""
+    return empty_maker(x.shape, x.dtype, x.device) if copied else empty_like_maker(x)
+
+
 def prepared_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, norm: RowNorm,
                      p: Plan) -> Callable | None:  # fmt: skip
-    """run(x, weight, bias) -> y, or None where the general sequence must run (no rows, strided tensors)."""
+    """run(x, weight, bias) -> y, or None where the general sequence must run (no rows, strided rows,
+    strided parameters)."""
     n_rows, n_cols = sizes(x)
-    if n_rows == 0 or not _all_contiguous(x, weight, bias):
+    copied = _copied_rows(x, n_cols)
+    if n_rows == 0 or copied is None or not _all_contiguous(weight, bias):
         return None
     has_w, has_b = weight is not None, bias is not None
     launcher = _launcher(False, p, p.walks_row_blocks(n_rows), _compute(x)[0], norm, has_w, has_b, False)
     launch = launcher.bind(p.programs, (n_cols, 1, n_cols, n_rows, n_cols))
-    new_y = empty_like_maker(x)
+    new_y = _output_maker(x, copied)
 
     def run(x, weight, bias):
         y = new_y()
-        launch(x, weight if has_w else y, bias if has_b else y, y)
+        launch(x.reshape(-1, n_cols) if copied else x, weight if has_w else y, bias if has_b else y, y)
         return y
 
     return run
@@ -181,7 +199,8 @@ def prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     """run(grad_out, x, weight, bias) -> (dx, dweight, dbias), or None as ``prepared_forward``.
     Tile plans only: the blocked kernel's zeroed partials stay with the general sequence."""
     n_rows, n_cols = sizes(x)
-    if n_rows == 0 or not p.whole_rows or not _all_contiguous(grad_out, x, weight, bias):
+    copied = _copied_rows(x, n_cols)
+    if n_rows == 0 or not p.whole_rows or copied is None or not _all_contiguous(grad_out, weight, bias):
         return None
     compute, partial_dtype = _compute(x)
     has_w, has_b = weight is not None, bias is not None
@@ -196,12 +215,13 @@ def prepared_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
         reduce = _reduce_launcher(has_w, has_b, block_p, p.num_warps).bind(
             cdiv(n_cols, REDUCE_COLUMNS), (p.programs, n_cols, p.block_n)
         )
-    new_dx = empty_like_maker(x)
+    new_dx = _output_maker(x, copied)
     new_dweight = empty_maker((n_cols,), w_dtype, device_) if has_w else None
     new_dbias = empty_maker((n_cols,), b_dtype, device_) if has_b else None
     new_partials = empty_maker((p.programs, p.block_n), partial_dtype, device_)
 
     def run(grad_out, x, weight, bias):
+        x = x.reshape(-1, n_cols) if copied else x
         dx = new_dx()
         dweight = new_dweight() if has_w else None
         dbias = new_dbias() if has_b else None
