@@ -8,6 +8,8 @@ conditions for them."""
 
 from __future__ import annotations
 
+import faulthandler
+
 import pytest
 import torch
 
@@ -177,9 +179,23 @@ def test_cuda_nhwc_one_pass_plans_resident_teams_with_the_nhwc_fallback():
 @pytest.mark.parametrize("shape", [(2, 320, 64, 64), (16, 1280, 16, 16), (3, 96, 17, 19)])
 def test_gpu_one_pass_teams_of_many_members(shape, activation):
     """nhwc_one_pass at diffusion shapes (and an odd one): teams of many
-    members meet at the barrier, the plan's grid capped to resident teams (not
-    its fallback); a backward with SiLU, which the planner does not pick,
-    must still be right.  nhwc_team beside it, against float64."""
+    members meet at the barrier (twice a row backward with SiLU), the plan's
+    grid capped to resident teams (not its fallback); nhwc_team beside it,
+    against float64."""
+    # A barrier that never completes would hang this worker: end it with a traceback instead.
+    faulthandler.dump_traceback_later(BARRIER_TIMEOUT_S, exit=True)
+    try:
+        _one_pass_teams_of_many_members(shape, activation)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+# Seconds test_gpu_one_pass_teams_of_many_members may take, its kernels' compiles included, before its
+# worker is ended as hung.
+BARRIER_TIMEOUT_S = 120
+
+
+def _one_pass_teams_of_many_members(shape, activation):
     x = make_cl(shape, torch.bfloat16, offset=1.0)
     weight, bias = make_params(shape[1], "both", torch.float32)
     dy = torch.randn_like(x)
