@@ -201,6 +201,13 @@ def register_autograd_by_reference(op: torch._ops.OpOverload, reference: Callabl
     register_autograd(op, backward, setup_context=setup_context)
 
 
+def bump(args: tuple, mutated: tuple[int, ...]) -> None:
+    """Bump the version counters of the tensors at positions ``mutated`` of ``args`` (absent or None: none)."""
+    for i in mutated:
+        if i < len(args) and args[i] is not None:
+            torch.autograd.graph.increment_version(args[i])
+
+
 def register_version_bumps(op: torch._ops.OpOverload, mutated: tuple[int, ...]) -> None:
     """Bump the version counters of the tensors ``op`` writes (at schema positions ``mutated``), as
     torch.library.custom_op does for ops that mutate: a saved tensor written afterwards then fails
@@ -208,9 +215,7 @@ def register_version_bumps(op: torch._ops.OpOverload, mutated: tuple[int, ...]) 
     after = torch._C._after_ADInplaceOrView_keyset
 
     def bump_versions(keyset, *args, **kwargs):
-        for i in mutated:
-            if i < len(args) and args[i] is not None:
-                torch.autograd.graph.increment_version(args[i])
+        bump(args, mutated)
         return op.redispatch(keyset & after, *args, **kwargs)
 
     LIB.impl(op._schema.name.split("::", 1)[1], bump_versions, "ADInplaceOrView", with_keyset=True)

@@ -11,7 +11,7 @@ from torch.autograd import forward_ad
 from csrc_free_ops.rope import RopeOptions
 from registrations import overlap
 from registrations._library import LIB, register_version_bumps
-from registrations.autograd import c_apply
+from registrations.autograd import bump, c_apply
 from registrations.eager import DIRECT_KERNELS
 from registrations.rope import OP, ROPE_, ROPE_BACKWARD, call, refuse_table_grad, save_options, transpose_with
 
@@ -29,6 +29,10 @@ from registrations.rope import OP, ROPE_, ROPE_BACKWARD, call, refuse_table_grad
 # refuses a Function that modifies a view in place and returns two tensors,
 # and for one it would route the gradient through CopySlices, which copies
 # the whole base twice more.
+
+
+# The schema positions rope_ writes: q and k.
+MUTATED = (0, 1)
 
 
 class _Region(NamedTuple):
@@ -188,12 +192,10 @@ def _rope_inplace_direct(run, args: tuple) -> None:
         _apply_in_plain_calls(functools.partial(run, *args), args[2:], regions, *bases)
         return None
     run(*args)
-    for t in (q, k):
-        if t is not None:
-            torch.autograd.graph.increment_version(t)
+    bump(args, MUTATED)
     return None
 
 
-register_version_bumps(ROPE_, (0, 1))
+register_version_bumps(ROPE_, MUTATED)
 LIB.impl("rope_", _rope_inplace_autograd, "Autograd")
 DIRECT_KERNELS[ROPE_] = _rope_inplace_direct

@@ -370,8 +370,9 @@ def _launch_group_norm_paths() -> None:
                     gn_launch.forward(x, 4, w, w, 1e-5, p)
                 # The nhwc one-pass candidates at these shapes (bench.lab.probe_group_norm_nhwc), for their spills.
                 team = gn_plan.cuda_nhwc_one_pass(pb, h200, p) if cl else None
-                if team is not None and ("team", tuple(team.steps[0].constexprs)) not in seen:
-                    seen.add(("team", tuple(team.steps[0].constexprs)))
+                team_tile = None if team is None else ("team", team.steps[0].constexprs)
+                if team_tile is not None and team_tile not in seen:
+                    seen.add(team_tile)
                     if backward:
                         gn_launch.backward(x, x, 4, w, w, 1e-5, team)
                     else:

@@ -445,11 +445,11 @@ def nhwc_one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: i
     rows = team_rows(pb, block_c)
     teams = max(1, min(rows, teams))
     workspace = NHWC_TEAM_BWD if pb.backward else FWD_PARTIALS
-    names = ("mean", "m2", "sum_g", "sum_gd", "dweight", "sum_dy") if pb.backward else ("mean", "m2")
     options = (("launch_cooperative_grid", True),) + ((("num_warps", warps),) if warps is not None else ())
     options += (("maxnreg", maxnreg),) if maxnreg is not None else ()
     kernel = nhwc_team_kernels.nhwc_bwd_one_pass_kernel if pb.backward else nhwc_team_kernels.nhwc_fwd_one_pass_kernel
-    steps = [Step(kernel, teams * splits, _flags(pb) + workspace.rows(*names) + block + _common(pb), options)]
+    all_rows = workspace.rows(*workspace.segment)  # the kernel takes every row of its workspace
+    steps = [Step(kernel, teams * splits, _flags(pb) + all_rows + block + _common(pb), options)]
     if pb.backward and (pb.has_weight or pb.has_bias):
         steps.append(_reduce_step(pb, workspace, pb.n * splits, *reduce))
     return _plan(pb, "nhwc_one_pass", steps, block_hw, workspace, counters=rows, team_size=splits,
