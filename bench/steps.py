@@ -24,7 +24,8 @@ CUDA-graph recording is done), then on CUDA:
   allocated before this provider's model was built (model, gradients, the
   step's activations and workspace, CUDA-graph pools);
 * ``kernel_ms``: the summed duration of the device-side events (kernels,
-  memsets, copies) torch.profiler records over ``PROFILE_STEPS`` steps, per step;
+  memsets, copies) torch.profiler records over ``PROFILE_STEPS`` steps, per step,
+  and ``top_kernels``: the ones with the most time;
 * ``ms``: wall time per step, ``--steps`` back-to-back steps between two
   synchronizes, one sample per round; median, min, max and IQR over
   ``--rounds`` rounds.  For the diffusion models and the ResNet stack every
@@ -54,11 +55,13 @@ synchronizing, the CUDA calls per step that can block the host (synchronizes,
 memcpys, device-to-host copies), kernel launches per step and the top 15 ops
 by self CPU time; into each record's ``host``, the log and a table in steps.md.
 
-Output in ``--out``, three files: ``steps.json`` (environment + records),
+Output in ``--out``: ``steps.json`` (environment + records),
 ``steps.md`` (the headline table: per model/shape/layout/mode, native /
 upstream / liger ms, liger's ratio to native and to upstream, kernel ms, peak
-MB; notes; the host table) and ``steps.log`` (the lines printed, without the
-libraries' warnings).
+MB; notes; the host table), ``steps.log`` (the lines printed, without the
+libraries' warnings) and, on CUDA, ``kernels.md``: each provider's top
+kernels by GPU time per step, from the same profiler run as ``kernel_ms``
+(``top_kernels`` in each record), which says where a step's GPU time went.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ from bench.step_providers import PROVIDERS, NotApplicable
 MODES = ("eager", "compile", "reduce-overhead")
 LAYOUTS = ("contiguous", "channels_last")
 PROFILE_STEPS = 3
+TOP_KERNELS = 12  # per provider and config, into kernels.md
+KERNEL_NAME = 90
 LR = 1e-4
 # Shapes the default run leaves out for time (--all-shapes adds them): a second UNet compile per provider and mode.
 EXTRA_SHAPES = {"unet": ((8,),)}
@@ -210,17 +215,18 @@ def make_step(model: str, net, batch: dict, mode: str) -> Callable[[], torch.Ten
     return step
 
 
-def _kernel_ms(step: Callable[[], torch.Tensor], device: str) -> float | None:
+def _kernels(step: Callable[[], torch.Tensor], device: str) -> tuple[float | None, list[dict[str, Any]]]:
+    """kernel_ms and top_kernels, or (None, []) off CUDA or when the profiler fails."""
     if not device.startswith("cuda"):
-        return None
+        return None, []
     try:
-        return _profiled_kernel_ms(step, device)
+        return _profiled_kernels(step, device)
     except Exception as e:  # noqa: BLE001 - a profiler failure must not cost the timing
         print(f"  torch.profiler failed ({type(e).__name__}: {e}); kernel_ms left out")
-        return None
+        return None, []
 
 
-def _profiled_kernel_ms(step: Callable[[], torch.Tensor], device: str) -> float:
+def _profiled_kernels(step: Callable[[], torch.Tensor], device: str) -> tuple[float, list[dict[str, Any]]]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -229,8 +235,20 @@ def _profiled_kernel_ms(step: Callable[[], torch.Tensor], device: str) -> float:
         for _ in range(PROFILE_STEPS):
             step()
         _sync(device)
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return total_us / 1e3 / PROFILE_STEPS
+    events = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return sum(us for _, us in events) / 1e3 / PROFILE_STEPS, top_kernels(events, PROFILE_STEPS)
+
+
+def top_kernels(events: Sequence[tuple[str, float]], steps: int, top: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The ``top`` device-side events by summed time, per step: name (cut to KERNEL_NAME), ms, calls."""
+    ms: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for name, us in events:
+        key = name[:KERNEL_NAME]
+        ms[key] = ms.get(key, 0.0) + us / 1e3 / steps
+        calls[key] = calls.get(key, 0) + 1
+    ranked = sorted(ms, key=ms.__getitem__, reverse=True)[:top]
+    return [{"name": k, "ms": round(ms[k], 4), "calls": calls[k] / steps} for k in ranked]
 
 
 def _peak_mb(step: Callable[[], torch.Tensor], device: str, base: int) -> float | None:
@@ -287,7 +305,7 @@ def _prepare(
         record["loss"] = loss_value
         record["patch"] = note
         record["peak_mb"] = _peak_mb(step, device, base)
-        record["kernel_ms"] = _kernel_ms(step, device)
+        record["kernel_ms"], record["top_kernels"] = _kernels(step, device)
         if args.memory_peak:
             record["memory_peak"] = memory_peak.record(step, device)
             if record["memory_peak"] is not None:
@@ -607,6 +625,20 @@ def host_table(records: list[dict[str, Any]]) -> str:
     return text
 
 
+def kernel_table(records: list[dict[str, Any]]) -> str:
+    """Where each provider's GPU time per step goes: its top kernels, per config."""
+    lines = ["| model | shape | layout | mode | provider | kernel ms | calls | kernel |", "|---" * 8 + "|"]
+    for r in records:
+        for k in r.get("top_kernels") or ():
+            cells = [r["model"], r["label"], r["layout"], r["mode"], r["provider"], f"{k['ms']:.3f}"]
+            cells += [f"{k['calls']:g}", k["name"].replace("|", "/")]
+            lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + f"\n\nPer step, from one torch.profiler run of {PROFILE_STEPS} steps; the top "
+    return (
+        text + f"{TOP_KERNELS} device-side events by summed time per provider, names cut to {KERNEL_NAME} characters.\n"
+    )
+
+
 def _csv(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         items = [s.strip() for s in text.split(",") if s.strip()]
@@ -716,6 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = f"# Whole training steps, commit {env['commit']}, {env['date']}\n\n"
     header += ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("commit", "date")) + "\n\n"
     (out / "steps.md").write_text(header + table)
+    if any(r.get("top_kernels") for r in records):
+        (out / "kernels.md").write_text(header + kernel_table(records))
     _say(args, f"\nwrote {out / 'steps.json'}, {out / 'steps.md'} and {args.log_path} ({env['wall_s']} s)\n")
     _say(args, table)
     return 0

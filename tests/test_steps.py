@@ -153,6 +153,19 @@ def test_host_profile_records_host_side_of_a_step(tmp_path):
     assert "ms/step to enqueue" in (tmp_path / "steps.log").read_text()
 
 
+def test_top_kernels_rank_summed_time_per_step_and_table_lists_them():
+    events = [("gemm_a", 300.0), ("tri|ton_b", 100.0), ("gemm_a", 300.0), ("memset", 5.0), ("tri|ton_b", 100.0)]
+    top = steps.top_kernels(events, steps=2, top=2)
+    assert top == [{"name": "gemm_a", "ms": 0.3, "calls": 1.0}, {"name": "tri|ton_b", "ms": 0.1, "calls": 1.0}]
+    long_name = "k" * (steps.KERNEL_NAME + 40)
+    assert steps.top_kernels([(long_name, 1.0)], steps=1)[0]["name"] == "k" * steps.KERNEL_NAME
+    row = dict(model="llama", label="B8 S512", layout="contiguous", mode="compile", provider="liger", top_kernels=top)
+    lines = steps.kernel_table([row, dict(row, provider="native", top_kernels=[])]).splitlines()
+    assert lines[2] == "| llama | B8 S512 | contiguous | compile | liger | 0.300 | 1 | gemm_a |"
+    assert lines[3] == "| llama | B8 S512 | contiguous | compile | liger | 0.100 | 1 | tri/ton_b |"
+    assert lines[4] == ""
+
+
 def test_cudagraph_skips_counted_and_worded():
     from torch._dynamo.utils import counters
 
