@@ -789,3 +789,21 @@ def test_probe_rms_norm_wide_candidates_match_the_float64_reference(monkeypatch)
             assert max_rel_error(got, (dx_ref, dw_ref) if backward else (y_ref,)) <= probe.ERROR_BOUND, name
             names.append((backward, name, p.whole_rows))
     assert {(b, whole) for b, _, whole in names} == {(False, True), (False, False), (True, True), (True, False)}
+
+
+def test_probe_flce_chunks_candidates_match_the_float64_reference(monkeypatch):
+    """Every chunk height the fused loss's probe times gives the loss and gradients of linear + cross_entropy."""
+    from bench.lab import probe_flce_chunks as probe
+    from bench.lab.probe_group_norm import max_rel_error
+    from tests.helpers import DEVICE
+
+    monkeypatch.setattr(probe, "CHUNK_ROWS", (8, 16, 64))
+    x, w, t = probe._inputs(40, 16, 50, DEVICE, torch.float32)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    loss64 = torch.nn.functional.cross_entropy(x64 @ w64.T, t)
+    refs = (loss64.detach(), *torch.autograd.grad(loss64, (x64, w64)))
+    names = []
+    for name, fn in probe._ours_candidates(x, w, t):
+        assert max_rel_error(fn(), refs) <= 1e-5, name
+        names.append(name)
+    assert names[1:] == ["rows/8", "rows/16", "rows/64"]

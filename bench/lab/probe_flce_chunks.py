@@ -1,0 +1,178 @@
+"""fused_linear_cross_entropy's chunk size on the GPU: forward+backward time
+and peak memory per chunk height, beside upstream Liger-Kernel's and
+torch.compile's linear + cross_entropy, at the LLM step shapes (bf16).
+
+    python -m bench.lab.probe_flce_chunks [--out probe_flce_chunks.md]
+
+Each chunk of ``rows`` rows costs three matmuls whose shapes depend on it:
+the logits (rows x V) from x_chunk @ weight.T, reading the whole weight per
+chunk; grad_x's rows, reading it again; and grad_weight += g.T @ x_chunk,
+which reads and writes the whole (V, H) accumulator per chunk with an inner
+dimension of only ``rows``.  Short chunks make the last one memory-bound
+(arithmetic intensity about rows / 2 FLOP per byte of a bf16 accumulator,
+against about 300 for an H100's tensor cores).  Candidates:
+
+* ``plan``: what ``plan.cuda`` ships (the rows of ``plan.chunk_rows``);
+* ``rows/R``: chunks of R rows, the same kernels (``launch.forward`` and
+  ``launch.backward`` with a hand-built Plan);
+* ``upstream``: liger_kernel's LigerFusedLinearCrossEntropyFunction (which
+  computes the gradients in its forward);
+* ``compile``: torch.compile of F.cross_entropy(F.linear(x, w), t).
+
+Time: median ms of forward + backward (triton's do_bench, eager: every
+candidate's launches included).  Peak: torch.cuda.max_memory_allocated over
+one forward + backward, above the inputs.  Then the shipped plan's kernels
+by GPU time (torch.profiler), which says which matmul a chunk height costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from bench.lab.probe_group_norm import do_bench_ms
+
+# (BT, H, V): Llama B8 S512 and B2 S4096 at 32k, Llama 3's vocabulary at B2 S4096 (bench.steps' shapes)
+SHAPES = ((4096, 2048, 32000), (8192, 2048, 32000), (8192, 2048, 128256))
+CHUNK_ROWS = (256, 512, 1024, 2048)
+TOP = 8
+
+
+def _inputs(rows: int, hidden: int, n_classes: int, device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, hidden, device=device, generator=g).to(dtype)
+    w = (torch.randn(n_classes, hidden, device=device, generator=g) / hidden**0.5).to(dtype)
+    t = torch.randint(0, n_classes, (rows,), device=device, generator=g)
+    return x, w, t
+
+
+def _ours(x, w, t, chunk_rows: int | None):
+    from csrc_free_ops.cross_entropy import plan as ce_plan
+    from csrc_free_ops.cross_entropy.reference import Options
+    from csrc_free_ops.fused_linear_cross_entropy import launch, plan
+
+    rows, hidden = x.shape
+    n_classes = w.shape[0]
+    if chunk_rows is None:
+        p = launch._cuda_plan(x, w)
+    else:
+        p = plan.Plan(chunk_rows, ce_plan.cuda(chunk_rows, n_classes))
+    o = Options()
+    one = torch.ones((), device=x.device)
+
+    def fwd_bwd():
+        loss, _, lse = launch.forward(x, w, t, None, None, o, p)
+        return loss, *launch.backward(one, x, w, t, lse, None, None, o, (True, True, False), p)[:2]
+
+    return fwd_bwd, p.chunk_rows
+
+
+def _autograd(loss_fn, x, w, t):
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+
+    def fwd_bwd():
+        loss = loss_fn(xg, wg, t)
+        return loss, *torch.autograd.grad(loss, (xg, wg))
+
+    return fwd_bwd
+
+
+def _ours_candidates(x, w, t):
+    fn, rows = _ours(x, w, t, None)
+    yield f"plan ({rows} rows)", fn
+    for rows in CHUNK_ROWS:
+        yield f"rows/{rows}", _ours(x, w, t, rows)[0]
+
+
+def _candidates(x, w, t):
+    yield from _ours_candidates(x, w, t)
+    try:
+        from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as Up
+    except ImportError:
+        pass
+    else:
+        yield (
+            "upstream",
+            _autograd(lambda a, b, c: Up.apply(a, b, c, None, None, -100, 0.0, 0.0, "mean", None, False)[0], x, w, t),
+        )
+    yield "compile", _autograd(torch.compile(lambda a, b, c: F.cross_entropy(F.linear(a, b), c)), x, w, t)
+
+
+def _peak_mb(fn) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _kernels(fn) -> list[str]:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ms: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            ms[e.name[:80]] = ms.get(e.name[:80], 0.0) + e.time_range.elapsed_us() / 1e3
+            calls[e.name[:80]] = calls.get(e.name[:80], 0) + 1
+    top = sorted(ms, key=ms.__getitem__, reverse=True)[:TOP]
+    return [f"  - {ms[k]:.3f} ms, {calls[k]} calls: `{k}`" for k in top]
+
+
+def probe(shape: tuple[int, int, int], rep: int) -> tuple[list[str], list[str]]:
+    x, w, t = _inputs(*shape)
+    label = "BT{} H{} V{}".format(*shape)
+    rows, notes = [], []
+    reference = None
+    for name, fn in _candidates(x, w, t):
+        try:
+            loss = fn()[0].float().item()
+            reference = loss if reference is None else reference
+            ms = do_bench_ms(fn, rep)
+            peak = _peak_mb(fn)
+        except Exception as e:  # noqa: BLE001 - a candidate that fails is a row, not the end
+            rows.append(f"| {label} | {name} | {type(e).__name__}: {str(e)[:60]} | - | - |")
+        else:
+            rows.append(f"| {label} | {name} | {loss - reference:+.1e} | {ms:.2f} | {peak:.0f} |")
+            if name.startswith("plan"):
+                notes += [f"- {label}, {name}:", *_kernels(fn)]
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
+    return rows, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.lab.probe_flce_chunks", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="probe_flce_chunks.md")
+    p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    head = [f"# fused_linear_cross_entropy chunk heights: {torch.cuda.get_device_name()}, bf16, fwd+bwd", "",
+            "| shape | candidate | loss - plan's | ms | peak MB |", "|---|---|---|---|---|"]  # fmt: skip
+    print("\n".join(head), flush=True)
+    lines, notes = list(head), ["", "The shipped plan's kernels by GPU time, one forward + backward:", ""]
+    for shape in SHAPES:
+        rows, kernel_notes = probe(shape, args.rep)
+        lines += rows
+        notes += kernel_notes
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines + notes) + "\n")
+    print("\n".join(notes), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
