@@ -59,7 +59,13 @@ def c_apply(function: type) -> Callable:
     return function.apply
 
 
-def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_context: Callable) -> None:
+def register_autograd(
+    op: torch._ops.OpOverload,
+    backward: Callable,
+    *,
+    setup_context: Callable,
+    forward_with_extras: Callable[[tuple], tuple | None] | None = None,
+) -> None:
     """Give ``op`` an autograd formula, like torch.library.register_autograd.
 
     torch.library's version wraps every call in generic machinery (default
@@ -74,12 +80,25 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     redispatches.
 
     Forward-mode AD and torch.func transforms: registrations/transforms.py.
+
+    ``forward_with_extras(args)``, where given, runs first in a plain
+    recorded forward (no transform, no forward AD): it returns the op's
+    outputs followed by extra values for ``setup_context`` (which then gets
+    them all; the caller gets the op's outputs), or None to run the op.  An
+    op with it records every eager call through its Autograd kernel.
     """
     name = op._schema.name.split("::", 1)[1]
     sig = signature(op)
     calls = calls_of(op)
 
+    n_outputs = len(op._schema.returns)
+
     def forward(ctx, *args):
+        if forward_with_extras is not None and forward_ad._current_level < 0:
+            output = forward_with_extras(args)
+            if output is not None:
+                setup_context(ctx, args, output)
+                return output[:n_outputs]
         output = below_autograd_in_transforms(calls, args)
         setup_context(ctx, args, output)
         if forward_ad._current_level >= 0:  # a dual level is open: jvp may need the primals
@@ -148,6 +167,8 @@ def register_autograd(op: torch._ops.OpOverload, backward: Callable, *, setup_co
     def direct_kernel(run: Callable, args: tuple):
         """autograd_kernel(*args) (every schema argument given) for a plain
         call whose prepared run (check passed) is ``run``."""
+        if forward_with_extras is not None:
+            return autograd_kernel(*args)
         if torch.is_grad_enabled():
             for i in tensor_positions:
                 a = args[i]

@@ -13,8 +13,9 @@ slow per-sample loop with a warning):
 * poly_norm_backward, group_norm_backward, rms_norm_backward,
   layer_norm_backward: per sample (dweight and dbias are
   sums over each sample's rows, which one call would add across samples).
-* cross_entropy, fused_linear_cross_entropy and their backward ops: per
-  sample (a mean or sum over one call would reduce across samples).
+* cross_entropy, fused_linear_cross_entropy, their backward ops and
+  fused_linear_cross_entropy_with_grads: per sample (a mean or sum over one
+  call would reduce across samples).
 * rope_ (in place): per sample, on views of the batched q and k.
 * swiglu, geglu and their backward ops (pointwise): one call on every
   tensor with the vmapped dim in front (an unbatched one expanded).
@@ -54,7 +55,11 @@ from registrations import rope_inplace  # noqa: F401  (rope_'s Autograd kernel, 
 from registrations._library import JVP_RULES, LIB, register_autograd_by_reference
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 from registrations.eager import below_autograd
-from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
+from registrations.fused_linear_cross_entropy import (
+    FUSED_LINEAR_CROSS_ENTROPY,
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD,
+    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS,
+)
 from registrations.glu import (
     ACTIVATION,
     GEGLU,
@@ -231,6 +236,7 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     GEGLU_BACKWARD_: _per_sample(GEGLU_BACKWARD_),
     FUSED_LINEAR_CROSS_ENTROPY: _per_sample(FUSED_LINEAR_CROSS_ENTROPY),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD),
+    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS),
     RMS_NORM: _rms_norm_vmap,
     RMS_NORM_BACKWARD: _rms_norm_backward_vmap,
     LAYER_NORM: _layer_norm_vmap,
@@ -299,10 +305,12 @@ def _output_tangent(out: torch.Tensor) -> torch.Tensor:
 
 
 def _loss_only(rule: Callable) -> Callable:
-    """A loss op's rule with tangents for its loss alone: its z_loss and lse are not differentiable."""
+    """A loss op's rule without tangents for its z_loss and lse (not differentiable); any outputs after
+    those three (the with-grads op's gradients) keep theirs."""
 
     def loss_rule(primals, tangents):
-        return rule(primals, tangents)[0], None, None
+        out = rule(primals, tangents)
+        return out[0], None, None, *out[3:]
 
     return loss_rule
 
@@ -322,6 +330,9 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     GEGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["geglu"])),
     FUSED_LINEAR_CROSS_ENTROPY: _loss_only(_by_reference(fused_linear_cross_entropy_launch.reference_forward)),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _by_reference(fused_linear_cross_entropy_launch.reference_backward),
+    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: _loss_only(
+        _by_reference(fused_linear_cross_entropy_launch.reference_forward_with_grads)
+    ),
     RMS_NORM: _by_reference(rms_norm_reference.forward),
     RMS_NORM_BACKWARD: _by_reference(rms_norm_reference.backward),
     LAYER_NORM: _by_reference(layer_norm_reference.forward),

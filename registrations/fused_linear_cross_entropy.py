@@ -8,20 +8,39 @@ fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None, ignore_
     tensors of any float dtype (weight and bias are cast to x's for the
     matmuls).  loss and z_loss in the compute dtype (float32, float64 for
     float64 x): () for mean and sum, (BT,) for none; lse (BT,).  Gradients
-    flow to x, weight and bias through loss, each in its input's dtype; the
-    backward recomputes the logits chunk by chunk.  Bad targets raise
-    ValueError.  The backward op is differentiable (second order through the
-    reference).
+    flow to x, weight and bias through loss, each in its input's dtype.  Bad
+    targets raise ValueError.  The backward op is differentiable (second
+    order through the reference).
 fused_linear_cross_entropy_backward(grad_loss, x, weight, target, lse, bias, ce_weight, ignore_index,
                                     label_smoothing, reduction, lse_square_scale, softcap, output_mask)
     -> (grad_x, grad_weight, grad_bias)
     output_mask: which of the three to compute; None for the others.
+fused_linear_cross_entropy_with_grads(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                                      reduction, lse_square_scale, softcap, output_mask)
+    -> (loss, z_loss, lse, grad_x, grad_weight, grad_bias)
+    The forward's outputs and the backward op's gradients for a grad_loss of
+    ones, each chunk's logits computed once (three matmuls a chunk, not four).
+
+Where the gradients are computed.  A recorded forward of a scalar loss
+(reduction mean or sum) on plain tensors, outside torch.func transforms and
+forward-mode AD, runs fused_linear_cross_entropy_with_grads, as upstream
+Liger-Kernel does: the gradients are held from the forward to the backward,
+which scales them by grad_loss, in place (the formula takes them off its node
+first, so nothing else holds them).  Everything else records the op and
+recomputes the logits in the backward op: reduction none (each row's
+grad_loss is known only then), DTensor and other subclasses, torch.func, a
+forward-mode tangent, and a backward that is itself differentiated
+(create_graph) or run a second time (retain_graph: the first took the
+gradients).  A forward without a recorded graph (no_grad, or no input that
+requires grad) computes no gradient.
 """
 
 from __future__ import annotations
 
+import torch
+
 from csrc_free_ops.cross_entropy.reference import Options
-from csrc_free_ops.fused_linear_cross_entropy import launch
+from csrc_free_ops.fused_linear_cross_entropy import launch, reference
 from registrations import _checks
 from registrations._library import (
     Entries,
@@ -38,6 +57,7 @@ from registrations.cross_entropy import (
     compute_dtype,
     loss_shape,
 )
+from registrations.eager import below_autograd
 
 _OP = "liger.fused_linear_cross_entropy"
 
@@ -78,6 +98,14 @@ def _check_backward(grad_loss, x, weight, target, lse, bias, ce_weight, ignore_i
         raise ValueError(f"{op}: output_mask must have 3 entries (x, weight, bias), got {len(output_mask)}")
 
 
+def _check_with_grads(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+                      lse_square_scale, softcap, output_mask):  # fmt: skip
+    op = _OP + "_with_grads"
+    _check_inputs(op, x, weight, target, bias, ce_weight, label_smoothing, reduction, lse_square_scale, softcap)
+    if len(output_mask) != 3:
+        raise ValueError(f"{op}: output_mask must have 3 entries (x, weight, bias), got {len(output_mask)}")
+
+
 def _fake(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction, lse_square_scale, softcap):
     ct = compute_dtype(x)
     shape = loss_shape(x.shape[0], reduction)
@@ -91,6 +119,11 @@ def _backward_fake(grad_loss, x, weight, target, lse, bias, ce_weight, *options_
         weight.new_empty(weight.shape) if mask[1] else None,
         bias.new_empty(bias.shape) if mask[2] and bias is not None else None,
     )
+
+
+def _with_grads_fake(x, weight, target, bias, ce_weight, *options_and_mask):
+    loss_outputs = _fake(x, weight, target, bias, ce_weight, *options_and_mask[:-1])
+    return (*loss_outputs, *_backward_fake(None, x, weight, target, None, bias, ce_weight, *options_and_mask))
 
 
 FUSED_LINEAR_CROSS_ENTROPY = define_op(
@@ -119,22 +152,68 @@ FUSED_LINEAR_CROSS_ENTROPY_BACKWARD = define_op(
     ),
 )
 
+FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS = define_op(
+    "fused_linear_cross_entropy_with_grads(Tensor x, Tensor weight, Tensor target, Tensor? bias, Tensor? ce_weight, "
+    "int ignore_index, float label_smoothing, str reduction, float lse_square_scale, float? softcap, "
+    "bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor?, Tensor?, Tensor?)",
+    check=_check_with_grads,
+    fake=_with_grads_fake,
+    entries=Entries(
+        cuda=launch.cuda_forward_with_grads,
+        npu=launch.npu_forward_with_grads,
+        interpreted=launch.cuda_forward_with_grads,
+        reference=launch.reference_forward_with_grads,
+    ),
+)
+
+
+def _traced_types() -> tuple[type, ...]:
+    """The tensor types of a plain call, and of torch.compile's tracing of one."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return torch.Tensor, FakeTensor, FunctionalTensor
+
+
+def _forward_with_grads(args: tuple) -> tuple | None:
+    """The with-grads op's outputs for a recorded forward that can use them (the module's doc says which)."""
+    x, weight, target, bias, ce_weight, *options = args
+    if options[2] == "none" or torch._C._are_functorch_transforms_active():
+        return None
+    plain = _traced_types()
+    if any(t is not None and type(t) not in plain for t in (x, weight, target, bias, ce_weight)):
+        return None
+    if ce_weight is not None and ce_weight.requires_grad:  # the backward op raises for it
+        return None
+    mask = [x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad]
+    return below_autograd(FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS, (*args, mask))
+
 
 def _setup_context(ctx, inputs, output) -> None:
     x, weight, target, bias, ce_weight, *options = inputs
-    _, z_loss, lse = output
+    z_loss, lse = output[1], output[2]
     ctx.mark_non_differentiable(z_loss, lse)
     ctx.save_for_backward(x, weight, target, lse, bias, ce_weight)
     ctx.options = Options(*options)
+    # Held as an attribute, not saved: the backward takes them off the node, then owns them alone.
+    ctx._grads = output[3:] if len(output) > 3 else None
+
+
+def _scaled(grads: tuple, grad_loss, needed: list[bool]) -> tuple:
+    """The forward's unit-grad_loss gradients times grad_loss, in place (the formula owns them)."""
+    return tuple(g.mul_(grad_loss) if g is not None and need else None for g, need in zip(grads, needed, strict=True))
 
 
 def _backward(ctx, grad_loss, grad_z_loss, grad_lse):
+    held, ctx._grads = ctx._grads, None
     x, weight, target, lse, bias, ce_weight = ctx.saved_tensors
     if ctx.needs_input_grad[4]:
         raise RuntimeError(f"{_OP}: the gradient of the class weights (ce_weight) is not implemented")
     mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3]]
     grads = (None, None, None)
-    if any(mask):
+    if held is not None and not torch.is_grad_enabled():
+        grads = _scaled(held, grad_loss, mask)
+    elif any(mask):
         grads = call_from_backward(
             FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, grad_loss, x, weight, target, lse, bias, ce_weight, *ctx.options, mask
         )
@@ -142,5 +221,16 @@ def _backward(ctx, grad_loss, grad_z_loss, grad_lse):
     return grad_x, grad_weight, None, grad_bias, None, None, None, None, None, None
 
 
-register_autograd(FUSED_LINEAR_CROSS_ENTROPY, _backward, setup_context=_setup_context)
+register_autograd(
+    FUSED_LINEAR_CROSS_ENTROPY, _backward, setup_context=_setup_context, forward_with_extras=_forward_with_grads
+)
 register_autograd_by_reference(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, launch.reference_backward)
+
+
+def _with_grads_reference(x, weight, target, bias, ce_weight, *options_and_mask):
+    """The with-grads op's reference, for its own gradient (the call it differentiates checked the targets)."""
+    o, mask = Options(*options_and_mask[:5]), tuple(options_and_mask[5])
+    return reference.forward_with_grads(x, weight, target, bias, ce_weight, o, mask)
+
+
+register_autograd_by_reference(FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS, _with_grads_reference)

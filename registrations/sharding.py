@@ -71,7 +71,8 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   ValueError (in place, nothing can be redistributed).
 * fused_linear_cross_entropy: x and target S(0), weight, bias and
   ce_weight R -> as cross_entropy; backward grad_x S(0), grad_weight and
-  grad_bias P.  An LM head sharded over the vocabulary (weight S(0), as
+  grad_bias P; the with-grads op as both (its gradients are those of the
+  rows' own sum: a unit grad_loss).  An LM head sharded over the vocabulary (weight S(0), as
   tensor parallelism's ColwiseParallel leaves it) is gathered first: right,
   but without vocabulary-parallel memory savings.
 """
@@ -87,7 +88,11 @@ from torch.distributed.tensor.experimental import register_sharding
 from torch.utils import _pytree as pytree
 
 from registrations.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
-from registrations.fused_linear_cross_entropy import FUSED_LINEAR_CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY_BACKWARD
+from registrations.fused_linear_cross_entropy import (
+    FUSED_LINEAR_CROSS_ENTROPY,
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD,
+    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS,
+)
 from registrations.glu import GEGLU, GEGLU_BACKWARD, GEGLU_BACKWARD_, SWIGLU, SWIGLU_BACKWARD, SWIGLU_BACKWARD_
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
@@ -166,6 +171,9 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [
         m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])
     ],
+    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: lambda a: (
+        [True, True, True] + [m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])]
+    ),
     RMS_NORM: lambda a: [True],
     RMS_NORM_BACKWARD: lambda a: [True, a.get("weight")],
     LAYER_NORM: lambda a: [True],
@@ -361,6 +369,13 @@ def _fused_linear_cross_entropy_backward(a: dict) -> list:
     return [(outputs, {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
 
 
+def _fused_linear_cross_entropy_with_grads(a: dict) -> list:
+    rows = {"x": Shard(0), "target": Shard(0), "weight": R, "bias": R, "ce_weight": R}
+    mask = _OUTPUTS[FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS](a)[3:]
+    grads = [Shard(0) if mask[0] else None, P if mask[1] else None, P if mask[2] else None]
+    return [([loss, loss, Shard(0), *grads], rows) for loss in _loss_rows(a)]
+
+
 # ---------------------------------------------------------------------------
 # rope_ (in place): q and k keep their placements.
 
@@ -469,6 +484,9 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     FUSED_LINEAR_CROSS_ENTROPY: _rule(FUSED_LINEAR_CROSS_ENTROPY, _fused_linear_cross_entropy),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _rule(
         FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, _fused_linear_cross_entropy_backward
+    ),
+    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: _rule(
+        FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS, _fused_linear_cross_entropy_with_grads
     ),
     RMS_NORM: _rule(RMS_NORM, _row_norm),
     RMS_NORM_BACKWARD: _rule(RMS_NORM_BACKWARD, _row_norm_backward(RMS_NORM_BACKWARD)),

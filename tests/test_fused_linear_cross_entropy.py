@@ -132,6 +132,12 @@ def test_loss_and_gradients_match_float64_reference(
                                     None if bias is None else bias.detach(), ce_weight, o, mask,
                                     _plan(chunk, n_classes))  # fmt: skip
     assert_matches_reference(chunked[0], chunked_grads, x, weight, target, bias, ce_weight, o, grad_loss, "chunked ")
+    # And both in one walk, for a grad_loss of ones.
+    both = launch.forward_with_grads(x.detach(), weight.detach(), target, None if bias is None else bias.detach(),
+                                     ce_weight, o, mask, _plan(chunk, n_classes))  # fmt: skip
+    assert_matches_reference(both[0], both[3:3 + len(leaves)], x, weight, target, bias, ce_weight, o,
+                             torch.ones_like(loss), "with grads ")  # fmt: skip
+    torch.testing.assert_close(both[2], chunked[2], rtol=0, atol=0)
 
 
 def test_chunk_rows_follow_x_size_and_free_memory():
@@ -222,6 +228,110 @@ BAD_CALLS = [
 ]
 
 
+class _Walks:
+    """Counts the launch sequences a call runs: the loss alone, its gradients, or both in one walk."""
+
+    def __init__(self, monkeypatch):
+        self.counts = {"forward": 0, "backward": 0, "forward_with_grads": 0}
+        for name in self.counts:
+            monkeypatch.setattr(launch, name, self._counted(name, getattr(launch, name)))
+
+    def _counted(self, name, fn):
+        def run(*args, **kwargs):
+            self.counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return run
+
+    def take(self) -> dict:
+        counts = dict(self.counts)
+        self.counts.update(dict.fromkeys(counts, 0))
+        return counts
+
+
+def _head(rows=12, hidden=8, n_classes=15, dtype=torch.float32, bias=True):
+    x = torch.randn(rows, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
+    weight = (torch.randn(n_classes, hidden, device=DEVICE) / hidden**0.5).to(dtype).requires_grad_()
+    b = torch.randn(n_classes, device=DEVICE, dtype=dtype, requires_grad=True) if bias else None
+    return x, weight, b, make_target(rows, n_classes, 0.3)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_recorded_scalar_loss_takes_its_gradients_in_the_forward_walk(monkeypatch, reduction):
+    """One walk over the chunks for forward and backward; the backward scales what it held by grad_loss."""
+    walks = _Walks(monkeypatch)
+    x, weight, bias, target = _head()
+    o = Options(IGNORE, 0.1, reduction, 1e-3, None)
+    loss = liger.fused_linear_cross_entropy(x, weight, target, bias, None, *o)[0]
+    assert walks.take() == {"forward": 0, "backward": 0, "forward_with_grads": 1}
+    grad_loss = torch.tensor(-2.5, device=DEVICE)
+    grads = torch.autograd.grad(loss, (x, weight, bias), grad_loss)
+    assert walks.take() == {"forward": 0, "backward": 0, "forward_with_grads": 0}
+    assert_matches_reference(loss, grads, x, weight, target, bias, None, o, grad_loss)
+    assert loss.grad_fn._grads is None  # taken by the backward, which owned them alone
+
+
+def test_gradients_held_from_the_forward_serve_one_backward_and_recomputing_serves_the_rest(monkeypatch):
+    walks = _Walks(monkeypatch)
+    x, weight, bias, target = _head()
+    loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
+    first = torch.autograd.grad(loss, (x, weight, bias), retain_graph=True)
+    second = torch.autograd.grad(loss, (x, weight, bias))
+    assert walks.take() == {"forward": 0, "backward": 1, "forward_with_grads": 1}
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b)
+    assert_matches_reference(loss, second, x, weight, target, bias, None, Options(), torch.tensor(1.0))
+
+
+def test_a_differentiated_backward_recomputes_through_the_backward_op(monkeypatch):
+    walks = _Walks(monkeypatch)
+    x, weight, _, target = _head(dtype=torch.float64, bias=False)
+    loss = liger.fused_linear_cross_entropy(x, weight, target, None, None, IGNORE, 0.0, "sum")[0]
+    (grad_x,) = torch.autograd.grad(loss, x, create_graph=True)
+    (hvp,) = torch.autograd.grad(grad_x.square().sum(), weight)
+    assert walks.take()["backward"] == 1
+
+    def reference_grad_x(x, weight):
+        ref = reference.forward(x, weight, target, None, None, Options(IGNORE, 0.0, "sum"))[0]
+        return torch.autograd.grad(ref, x, create_graph=True)[0]
+
+    x64, w64 = x.detach().requires_grad_(), weight.detach().requires_grad_()
+    (want,) = torch.autograd.grad(reference_grad_x(x64, w64).square().sum(), w64)
+    torch.testing.assert_close(hvp, want)
+
+
+@pytest.mark.parametrize("case", ["none", "no_grad", "frozen"])
+def test_calls_that_cannot_use_forward_gradients_compute_none_there(monkeypatch, case):
+    walks = _Walks(monkeypatch)
+    x, weight, bias, target = _head()
+    if case == "none":
+        loss = liger.fused_linear_cross_entropy(x, weight, target, bias, reduction="none")[0]
+        grad_loss = torch.randn_like(loss)
+        grads = torch.autograd.grad(loss, (x, weight, bias), grad_loss)
+        assert walks.take() == {"forward": 1, "backward": 1, "forward_with_grads": 0}
+        assert_matches_reference(loss, grads, x, weight, target, bias, None, Options(reduction="none"), grad_loss)
+        return
+    if case == "no_grad":
+        with torch.no_grad():
+            liger.fused_linear_cross_entropy(x, weight, target, bias)
+    else:
+        liger.fused_linear_cross_entropy(x.detach(), weight.detach(), target, bias.detach())
+    assert walks.take() == {"forward": 1, "backward": 0, "forward_with_grads": 0}
+
+
+def test_forward_gradients_follow_what_requires_grad():
+    x, weight, bias, target = _head()
+    weight.requires_grad_(False)  # a frozen head
+    loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
+    held = loss.grad_fn._grads
+    assert held[0] is not None and held[1] is None and held[2] is not None
+    grads = torch.autograd.grad(loss, (x, bias))
+    lse = liger.fused_linear_cross_entropy(x.detach(), weight, target, bias.detach())[2]
+    args = (torch.tensor(1.0, device=DEVICE), x.detach(), weight, target, lse, bias.detach(), None, *Options())
+    recomputed = liger.fused_linear_cross_entropy_backward(*args, [True, False, True])
+    torch.testing.assert_close(grads, (recomputed[0], recomputed[2]))
+
+
 @pytest.mark.parametrize(("message", "make_args"), BAD_CALLS)
 def test_bad_input_raises_clear_error(message, make_args):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -256,6 +366,8 @@ def test_opcheck(dtype, o):
     grad_loss = torch.randn(6 if o.reduction == "none" else (), device=DEVICE)
     args = (grad_loss, x.detach(), weight.detach(), target, lse, bias.detach(), ce_weight, *o, [True, True, True])
     torch.library.opcheck(liger.fused_linear_cross_entropy_backward.default, args, test_utils=OPCHECK_UTILS)
+    args = (x, weight, target, bias, ce_weight, *o, [True, False, True])
+    torch.library.opcheck(liger.fused_linear_cross_entropy_with_grads.default, args, test_utils=OPCHECK_UTILS)
 
 
 def test_compile_fullgraph_matches_eager():

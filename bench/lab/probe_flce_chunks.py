@@ -4,7 +4,7 @@ torch.compile's linear + cross_entropy, at the LLM step shapes (bf16).
 
     python -m bench.lab.probe_flce_chunks [--out probe_flce_chunks.md]
 
-Each chunk of ``rows`` rows costs three matmuls whose shapes depend on it:
+Each chunk of ``rows`` rows costs matmuls whose shapes depend on it:
 the logits (rows x V) from x_chunk @ weight.T, reading the whole weight per
 chunk; grad_x's rows, reading it again; and grad_weight += g.T @ x_chunk,
 which reads and writes the whole (V, H) accumulator per chunk with an inner
@@ -12,9 +12,13 @@ dimension of only ``rows``.  Short chunks make the last one memory-bound
 (arithmetic intensity about rows / 2 FLOP per byte of a bf16 accumulator,
 against about 300 for an H100's tensor cores).  Candidates:
 
-* ``plan``: what ``plan.cuda`` ships (the rows of ``plan.chunk_rows``);
-* ``rows/R``: chunks of R rows, the same kernels (``launch.forward`` and
-  ``launch.backward`` with a hand-built Plan);
+* ``plan``: what ``plan.cuda`` ships (the rows of ``plan.chunk_rows``),
+  the way a training step runs it: ``launch.forward_with_grads`` (three
+  matmuls a chunk), then the gradients scaled by grad_loss;
+* ``rows/R``: the same with chunks of R rows (a hand-built Plan);
+* ``recompute/plan``, ``recompute/R``: ``launch.forward`` then
+  ``launch.backward``, which computes the logits again (four matmuls a
+  chunk): the path of reduction none, DTensor and torch.func;
 * ``upstream``: liger_kernel's LigerFusedLinearCrossEntropyFunction (which
   computes the gradients in its forward);
 * ``compile``: torch.compile of F.cross_entropy(F.linear(x, w), t).
@@ -49,7 +53,7 @@ def _inputs(rows: int, hidden: int, n_classes: int, device: str = "cuda", dtype:
     return x, w, t
 
 
-def _ours(x, w, t, chunk_rows: int | None):
+def _ours(x, w, t, chunk_rows: int | None, one_walk: bool = False):
     from csrc_free_ops.cross_entropy import plan as ce_plan
     from csrc_free_ops.cross_entropy.reference import Options
     from csrc_free_ops.fused_linear_cross_entropy import launch, plan
@@ -67,7 +71,11 @@ def _ours(x, w, t, chunk_rows: int | None):
         loss, _, lse = launch.forward(x, w, t, None, None, o, p)
         return loss, *launch.backward(one, x, w, t, lse, None, None, o, (True, True, False), p)[:2]
 
-    return fwd_bwd, p.chunk_rows
+    def with_grads():
+        loss, _, _, grad_x, grad_w, _ = launch.forward_with_grads(x, w, t, None, None, o, (True, True, False), p)
+        return loss, grad_x.mul_(one), grad_w.mul_(one)  # the formula's scaling by grad_loss
+
+    return (with_grads if one_walk else fwd_bwd), p.chunk_rows
 
 
 def _autograd(loss_fn, x, w, t):
@@ -81,10 +89,12 @@ def _autograd(loss_fn, x, w, t):
 
 
 def _ours_candidates(x, w, t):
-    fn, rows = _ours(x, w, t, None)
+    fn, rows = _ours(x, w, t, None, one_walk=True)
     yield f"plan ({rows} rows)", fn
     for rows in CHUNK_ROWS:
-        yield f"rows/{rows}", _ours(x, w, t, rows)[0]
+        yield f"rows/{rows}", _ours(x, w, t, rows, one_walk=True)[0]
+    for rows in (None, *CHUNK_ROWS):
+        yield f"recompute/{rows or 'plan'}", _ours(x, w, t, rows)[0]
 
 
 def _candidates(x, w, t):
@@ -145,7 +155,7 @@ def probe(shape: tuple[int, int, int], rep: int) -> tuple[list[str], list[str]]:
             rows.append(f"| {label} | {name} | {type(e).__name__}: {str(e)[:60]} | - | - |")
         else:
             rows.append(f"| {label} | {name} | {loss - reference:+.1e} | {ms:.2f} | {peak:.0f} |")
-            if name.startswith("plan"):
+            if name.startswith(("plan", "recompute/plan")):
                 notes += [f"- {label}, {name}:", *_kernels(fn)]
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()

@@ -11,6 +11,12 @@ grad_weight += g.T @ x_chunk (the first chunk writes it, later ones add:
 chunk order fixed, so the sum is reproducible), grad_bias += sum(g).  Only
 the gradients output_mask asks for are computed.
 
+forward_with_grads does both in one walk, for a grad_loss of ones: each
+chunk's logits are computed once, their loss taken, then turned into their
+gradient in place.  Three matmuls per chunk instead of four; the autograd
+formula scales the gradients by the real grad_loss later
+(registrations/fused_linear_cross_entropy.py says when it is used).
+
 A weight or bias of another dtype than x is cast to x's once per call (the
 matmuls take one dtype); their gradients come back in their own dtype.
 """
@@ -69,6 +75,42 @@ def forward(
     return out_loss, out_z, lse
 
 
+class _GradSums:
+    """grad_x's rows, grad_weight and grad_bias, summed chunk by chunk in a fixed order (reproducible)."""
+
+    def __init__(self, x: torch.Tensor, bias: torch.Tensor | None, output_mask: tuple[bool, bool, bool]) -> None:
+        self.need_x, self.need_weight = output_mask[0], output_mask[1]
+        self.need_bias = output_mask[2] and bias is not None
+        self.grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if self.need_x else None
+        self.grad_weight: torch.Tensor | None = None
+        self.grad_bias: torch.Tensor | None = None
+
+    def add(self, g: torch.Tensor, x_chunk: torch.Tensor, matmul_weight: torch.Tensor, start: int, end: int,
+            weight_dtype: torch.dtype, ct: torch.dtype) -> None:  # fmt: skip
+        """One chunk's logits gradient g (rows start:end) into the sums."""
+        if self.need_x:
+            torch.mm(g, matmul_weight, out=self.grad_x[start:end])
+        if self.need_weight:
+            self.grad_weight = _accumulate(self.grad_weight, g.t(), x_chunk, weight_dtype)
+        if self.need_bias:
+            part = g.sum(0, dtype=ct)
+            self.grad_bias = part if self.grad_bias is None else self.grad_bias.add_(part)
+
+    def result(
+        self, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        grad_weight, grad_bias = self.grad_weight, self.grad_bias
+        if self.need_weight and grad_weight is None:  # no rows
+            grad_weight = torch.zeros_like(weight)
+        if self.need_bias and grad_bias is None:
+            grad_bias = torch.zeros_like(bias)
+        return (
+            self.grad_x,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+        )
+
+
 def backward(
     grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
     bias: torch.Tensor | None, ce_weight: torch.Tensor | None, o: Options, output_mask: tuple[bool, bool, bool],
@@ -77,34 +119,45 @@ def backward(
     n_rows = x.shape[0]
     ct = _compute(x)
     target = target.contiguous()
-    need_x, need_weight, need_bias = output_mask[0], output_mask[1], output_mask[2] and bias is not None
     matmul_weight, matmul_bias = _like_x(weight, x), _like_x(bias, x)
     ce_scale, z_scale, stride = ce.row_scales(grad_loss, target, ce_weight, o, ct)
     w_sum = ce.weight_sum(ce_weight, o, ct, lse)
-    grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if need_x else None
-    grad_weight = grad_bias = None
+    sums = _GradSums(x, bias, output_mask)
     for start, end in plan.chunks(n_rows, p.chunk_rows):
         x_chunk = x[start:end]
         g = _logits(x_chunk, matmul_weight.t(), matmul_bias)
         rows = slice(start, end) if stride else slice(None)
         ce.backward_rows(g, target[start:end], ce_weight, w_sum, lse[start:end], ce_scale[rows], z_scale[rows],
                          stride, o, p.ce, None)  # fmt: skip
-        if need_x:
-            torch.mm(g, matmul_weight, out=grad_x[start:end])
-        if need_weight:
-            grad_weight = _accumulate(grad_weight, g.t(), x_chunk, weight.dtype)
-        if need_bias:
-            part = g.sum(0, dtype=ct)
-            grad_bias = part if grad_bias is None else grad_bias.add_(part)
-    if need_weight and grad_weight is None:  # no rows
-        grad_weight = torch.zeros_like(weight)
-    if need_bias and grad_bias is None:
-        grad_bias = torch.zeros_like(bias)
-    return (
-        grad_x,
-        None if grad_weight is None else grad_weight.to(weight.dtype),
-        None if grad_bias is None else grad_bias.to(bias.dtype),
-    )
+        sums.add(g, x_chunk, matmul_weight, start, end, weight.dtype, ct)
+    return sums.result(weight, bias)
+
+
+def forward_with_grads(
+    x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ce_weight: torch.Tensor | None, o: Options, output_mask: tuple[bool, bool, bool], p: Plan,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """forward's (loss, z_loss, lse), then backward's (grad_x, grad_weight, grad_bias) for a grad_loss of
+    ones, each chunk's logits computed once."""
+    n_rows = x.shape[0]
+    ct = _compute(x)
+    target = target.contiguous()
+    matmul_weight, matmul_bias = _like_x(weight, x), _like_x(bias, x)
+    loss, z_loss, lse = (torch.empty(n_rows, dtype=ct, device=x.device) for _ in range(3))
+    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
+    unit = torch.ones(() if o.reduction != "none" else (n_rows,), dtype=ct, device=x.device)
+    ce_scale, z_scale, stride = ce.row_scales(unit, target, ce_weight, o, ct)
+    sums = _GradSums(x, bias, output_mask)
+    for start, end in plan.chunks(n_rows, p.chunk_rows):
+        x_chunk, chunk_target, chunk_lse = x[start:end], target[start:end], lse[start:end]
+        g = _logits(x_chunk, matmul_weight.t(), matmul_bias)
+        ce.forward_rows(g, chunk_target, ce_weight, w_sum, o, p.ce, loss[start:end], z_loss[start:end], chunk_lse)
+        rows = slice(start, end) if stride else slice(None)
+        ce.backward_rows(g, chunk_target, ce_weight, w_sum, chunk_lse, ce_scale[rows], z_scale[rows], stride, o,
+                         p.ce, None)  # fmt: skip
+        sums.add(g, x_chunk, matmul_weight, start, end, weight.dtype, ct)
+    out_loss, out_z = ce.reduce_rows(loss, z_loss, target, ce_weight, o, ct)
+    return (out_loss, out_z, lse, *sums.result(weight, bias))
 
 
 # --- The entries of the dispatch keys
@@ -161,3 +214,23 @@ def reference_forward(x, weight, target, bias, ce_weight, *options):
 def reference_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
     o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
     return reference.backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask)
+
+
+def cuda_forward_with_grads(x, weight, target, bias, ce_weight, *options_and_mask):
+    o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
+    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    return forward_with_grads(x, weight, target, bias, ce_weight, o, mask, _cuda_plan(x, weight))
+
+
+def npu_forward_with_grads(x, weight, target, bias, ce_weight, *options_and_mask):
+    o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
+    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    if x.dtype == torch.float64:
+        return reference.forward_with_grads(x, weight, target, bias, ce_weight, o, mask)
+    return forward_with_grads(x, weight, target, bias, ce_weight, o, mask, _npu_plan(x, weight, ce_weight))
+
+
+def reference_forward_with_grads(x, weight, target, bias, ce_weight, *options_and_mask):
+    o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
+    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    return reference.forward_with_grads(x, weight, target, bias, ce_weight, o, mask)

@@ -37,3 +37,13 @@ def backward(
     grad_weight = (g.t() @ x.to(ct)).to(weight.dtype) if output_mask[1] else None
     grad_bias = g.sum(0).to(bias.dtype) if output_mask[2] and bias is not None else None
     return grad_x, grad_weight, grad_bias
+
+
+def forward_with_grads(
+    x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ce_weight: torch.Tensor | None, o: Options, output_mask: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
+    """forward's three outputs, then backward's three for a grad_loss of ones."""
+    loss, z_loss, lse = forward(x, weight, target, bias, ce_weight, o)
+    grads = backward(torch.ones_like(loss), x, weight, target, lse, bias, ce_weight, o, output_mask)
+    return (loss, z_loss, lse, *grads)
