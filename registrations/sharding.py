@@ -71,10 +71,11 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   ValueError (in place, nothing can be redistributed).
 * fused_linear_cross_entropy: x and target S(0), weight, bias and
   ce_weight R -> as cross_entropy; backward grad_x S(0), grad_weight and
-  grad_bias P; the with-grads op as both (its gradients are those of the
-  rows' own sum: a unit grad_loss).  An LM head sharded over the vocabulary (weight S(0), as
-  tensor parallelism's ColwiseParallel leaves it) is gathered first: right,
-  but without vocabulary-parallel memory savings.
+  grad_bias P; the with-grads op as both (its gradients are for a unit
+  grad_loss, each shard's for its own rows).  An LM head sharded over the
+  vocabulary (weight S(0), as tensor parallelism's ColwiseParallel leaves
+  it) is gathered first: right, but without vocabulary-parallel memory
+  savings.
 """
 
 from __future__ import annotations
