@@ -332,6 +332,33 @@ def test_forward_gradients_follow_what_requires_grad():
     torch.testing.assert_close(grads, (recomputed[0], recomputed[2]))
 
 
+@pytest.mark.parametrize("walk", ["forward", "backward", "forward_with_grads"])
+def test_one_chunk_buffer_is_alive_at_a_time(monkeypatch, walk):
+    """Each chunk's logits buffer is freed before the next is allocated (the loss's memory peak)."""
+    import weakref
+
+    made = []
+
+    def logits(*args):
+        assert all(r() is None for r in made), "the previous chunk's logits are still alive"
+        out = real(*args)
+        made.append(weakref.ref(out))
+        return out
+
+    real = launch._logits
+    monkeypatch.setattr(launch, "_logits", logits)
+    x, weight, _, target = _head(rows=20, bias=False)
+    x, weight, o, p = x.detach(), weight.detach(), Options(), _plan(4, weight.shape[0])
+    if walk == "forward":
+        launch.forward(x, weight, target, None, None, o, p)
+    elif walk == "forward_with_grads":
+        launch.forward_with_grads(x, weight, target, None, None, o, (True, True, False), p)
+    else:
+        lse = torch.zeros(20, device=DEVICE)
+        launch.backward(torch.tensor(1.0, device=DEVICE), x, weight, target, lse, None, None, o, (True, True, False), p)
+    assert len(made) == 5
+
+
 @pytest.mark.parametrize(("message", "make_args"), BAD_CALLS)
 def test_bad_input_raises_clear_error(message, make_args):
     with pytest.raises((ValueError, TypeError), match=message):

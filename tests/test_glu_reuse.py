@@ -209,14 +209,15 @@ def test_in_place_backward_matches_the_reference(name, dtype):
 @pytest.mark.parametrize(
     ("message", "make_args"),
     [
-        ("gate must be contiguous", lambda: (torch.randn(4, 6), torch.randn(6, 4).T, torch.randn(4, 6))),
-        ("gate and up overlap", lambda: (lambda t: (torch.randn(4, 6), t, t))(torch.randn(4, 6))),
-        ("grad_out and up overlap", lambda: (lambda t: (t, torch.randn(4, 6), t))(torch.randn(4, 6))),
-        ("gate shape", lambda: (torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 5))),
+        ("gate must be contiguous", lambda r: (r(4, 6), r(6, 4).T, r(4, 6))),
+        ("gate and up overlap", lambda r: (lambda t: (r(4, 6), t, t))(r(4, 6))),
+        ("grad_out and up overlap", lambda r: (lambda t: (t, r(4, 6), t))(r(4, 6))),
+        ("gate shape", lambda r: (r(4, 6), r(4, 6), r(4, 5))),
     ],
 )
 def test_in_place_backward_refuses_what_it_would_corrupt(name, message, make_args):
-    args = tuple(t.to(DEVICE) for t in make_args())
+    # Made on the device: a copy per argument would part the tensors an overlap case shares.
+    args = make_args(lambda *size: torch.randn(*size, device=DEVICE))
     with pytest.raises(ValueError, match=message):
         _in_place(name)(*args)
 

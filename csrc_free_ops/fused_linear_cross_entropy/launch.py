@@ -71,6 +71,7 @@ def forward(
         logits = _logits(x[start:end], weight_t, bias)
         ce.forward_rows(logits, target[start:end], ce_weight, w_sum, o, p.ce,
                         loss[start:end], z_loss[start:end], lse[start:end])  # fmt: skip
+        del logits  # freed before the next chunk's is allocated: one chunk's buffer at a time
     out_loss, out_z = ce.reduce_rows(loss, z_loss, target, ce_weight, o, ct)
     return out_loss, out_z, lse
 
@@ -130,6 +131,7 @@ def backward(
         ce.backward_rows(g, target[start:end], ce_weight, w_sum, lse[start:end], ce_scale[rows], z_scale[rows],
                          stride, o, p.ce, None)  # fmt: skip
         sums.add(g, x_chunk, matmul_weight, start, end, weight.dtype, ct)
+        del g
     return sums.result(weight, bias)
 
 
@@ -156,6 +158,7 @@ def forward_with_grads(
         ce.backward_rows(g, chunk_target, ce_weight, w_sum, chunk_lse, ce_scale[rows], z_scale[rows], stride, o,
                          p.ce, None)  # fmt: skip
         sums.add(g, x_chunk, matmul_weight, start, end, weight.dtype, ct)
+        del g
     out_loss, out_z = ce.reduce_rows(loss, z_loss, target, ce_weight, o, ct)
     return (out_loss, out_z, lse, *sums.result(weight, bias))
 
