@@ -168,11 +168,11 @@ FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS = define_op(
 
 
 def _traced_types() -> tuple[type, ...]:
-    """The tensor types of a plain call, and of torch.compile's tracing of one."""
+    """The tensor types of a plain call (a module's head is a Parameter), and of torch.compile's tracing."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
 
-    return torch.Tensor, FakeTensor, FunctionalTensor
+    return torch.Tensor, torch.nn.Parameter, FakeTensor, FunctionalTensor
 
 
 def _forward_with_grads(args: tuple) -> tuple | None:

@@ -271,6 +271,17 @@ def test_a_recorded_scalar_loss_takes_its_gradients_in_the_forward_walk(monkeypa
     assert loss.grad_fn._grads is None  # taken by the backward, which owned them alone
 
 
+def test_a_modules_head_takes_the_forward_walk(monkeypatch):
+    """The LM head is an nn.Parameter (a Tensor subclass of no dispatch of its own), as in every model."""
+    walks = _Walks(monkeypatch)
+    head = torch.nn.Linear(8, 15, device=DEVICE)
+    x, _, _, target = _head()
+    loss = liger.fused_linear_cross_entropy(x, head.weight, target, head.bias)[0]
+    loss.backward()
+    assert walks.take() == {"forward": 0, "backward": 0, "forward_with_grads": 1}
+    assert head.weight.grad is not None and head.bias.grad is not None and x.grad is not None
+
+
 def test_gradients_held_from_the_forward_serve_one_backward_and_recomputing_serves_the_rest(monkeypatch):
     walks = _Walks(monkeypatch)
     x, weight, bias, target = _head()
