@@ -68,6 +68,11 @@ for step in "$@"; do
       off=${step#steps_llm_off-}
       run_step "$step" python3 -m bench.steps --models llama --modes compile --providers native,liger --quick \
         --rounds 3 --liger-off "${off//+/,}" --out "$RESULTS/$step" ;;
+    steps_llm_compile_blocking-*)
+      # steps_llm_compile_blocking-<model>: ours compiled, launches synchronous, so an illegal access is
+      # reported at the launch that made it (its traceback is in the log)
+      run_step "$step" env CUDA_LAUNCH_BLOCKING=1 python3 -m bench.steps --models "${step#steps_llm_compile_blocking-}" \
+        --modes compile --providers liger --quick --rounds 1 --out "$RESULTS/$step" ;;
     steps_llm_memory)
       run_step steps_llm_memory python3 -m bench.steps --models llama --modes eager --quick --rounds 1 --memory-peak \
         --out "$RESULTS/steps_llm_memory" ;;
