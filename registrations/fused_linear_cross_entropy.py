@@ -46,6 +46,7 @@ from registrations._library import (
     Entries,
     call_from_backward,
     define_op,
+    launch_entries,
     register_autograd,
     register_autograd_by_reference,
 )
@@ -158,12 +159,7 @@ FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS = define_op(
     "bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor?, Tensor?, Tensor?)",
     check=_check_with_grads,
     fake=_with_grads_fake,
-    entries=Entries(
-        cuda=launch.cuda_forward_with_grads,
-        npu=launch.npu_forward_with_grads,
-        interpreted=launch.cuda_forward_with_grads,
-        reference=launch.reference_forward_with_grads,
-    ),
+    **launch_entries(launch, "forward_with_grads", launch.reference_forward_with_grads),
 )
 
 
