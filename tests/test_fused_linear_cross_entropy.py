@@ -138,6 +138,11 @@ def test_loss_and_gradients_match_float64_reference(
     assert_matches_reference(both[0], both[3:3 + len(leaves)], x, weight, target, bias, ce_weight, o,
                              torch.ones_like(loss), "with grads ")  # fmt: skip
     torch.testing.assert_close(both[2], chunked[2], rtol=0, atol=0)
+    # And walking the classes, the drawn size a slice's width.
+    by_classes = launch.backward_by_classes(grad_loss, x.detach(), weight.detach(), target, chunked[2],
+                                            None if bias is None else bias.detach(), ce_weight, o, mask, chunk,
+                                            ce_plan.cuda(rows, chunk))  # fmt: skip
+    assert_matches_reference(chunked[0], by_classes, x, weight, target, bias, ce_weight, o, grad_loss, "by classes ")
 
 
 def test_chunk_rows_follow_x_size_and_free_memory():

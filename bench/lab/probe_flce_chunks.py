@@ -19,6 +19,9 @@ against about 300 for an H100's tensor cores).  Candidates:
 * ``recompute/plan``, ``recompute/R``: ``launch.forward`` then
   ``launch.backward``, which computes the logits again (four matmuls a
   chunk): the path of reduction none, DTensor and torch.func;
+* ``classes/C``: ``launch.forward``, then ``launch.backward_by_classes``
+  walking C classes at a time (C x BT logits: the memory of the plan's
+  chunk, then of each R above), grad_weight written once per slice;
 * ``upstream``: liger_kernel's LigerFusedLinearCrossEntropyFunction (which
   computes the gradients in its forward);
 * ``compile``: torch.compile of F.cross_entropy(F.linear(x, w), t).
@@ -42,6 +45,7 @@ from bench.lab.probe_group_norm import do_bench_ms
 # (BT, H, V): Llama B8 S512 and B2 S4096 at 32k, Llama 3's vocabulary at B2 S4096 (bench.steps' shapes)
 SHAPES = ((4096, 2048, 32000), (8192, 2048, 32000), (8192, 2048, 128256))
 CHUNK_ROWS = (256, 512, 1024, 2048)
+ROW_MULTIPLE = 64
 TOP = 8
 
 
@@ -88,6 +92,28 @@ def _autograd(loss_fn, x, w, t):
     return fwd_bwd
 
 
+def _by_classes(x, w, t, class_slice: int):
+    """The forward's row walk (the shipped plan), then the backward walking the classes."""
+    from csrc_free_ops.cross_entropy import plan as ce_plan
+    from csrc_free_ops.cross_entropy.reference import Options
+    from csrc_free_ops.fused_linear_cross_entropy import launch
+
+    p, o, one = launch._cuda_plan(x, w), Options(), torch.ones((), device=x.device)
+    ce_p = ce_plan.cuda(x.shape[0], class_slice)
+
+    def fwd_bwd():
+        loss, _, lse = launch.forward(x, w, t, None, None, o, p)
+        return loss, *launch.backward_by_classes(one, x, w, t, lse, None, None, o, (True, True, False), class_slice,
+                                                 ce_p)[:2]  # fmt: skip
+
+    return fwd_bwd
+
+
+def _class_slice(rows: int, n_rows: int, n_classes: int) -> int:
+    """The slice of classes whose logits for all rows hold as many elements as ``rows`` rows' logits."""
+    return max(ROW_MULTIPLE, rows * n_classes // n_rows // ROW_MULTIPLE * ROW_MULTIPLE)
+
+
 def _ours_candidates(x, w, t):
     fn, rows = _ours(x, w, t, None, one_walk=True)
     yield f"plan ({rows} rows)", fn
@@ -95,6 +121,12 @@ def _ours_candidates(x, w, t):
         yield f"rows/{rows}", _ours(x, w, t, rows, one_walk=True)[0]
     for rows in (None, *CHUNK_ROWS):
         yield f"recompute/{rows or 'plan'}", _ours(x, w, t, rows)[0]
+    plan_rows = _ours(x, w, t, None)[1]
+    for rows in (plan_rows, *(r for r in CHUNK_ROWS if r != plan_rows)):
+        yield (
+            f"classes/{_class_slice(rows, x.shape[0], w.shape[0])}",
+            _by_classes(x, w, t, _class_slice(rows, x.shape[0], w.shape[0])),
+        )
 
 
 def _candidates(x, w, t):
@@ -145,7 +177,10 @@ def probe(shape: tuple[int, int, int], rep: int) -> tuple[list[str], list[str]]:
     label = "BT{} H{} V{}".format(*shape)
     rows, notes = [], []
     reference = None
+    first_classes = None
     for name, fn in _candidates(x, w, t):
+        if name.startswith("classes/") and first_classes is None:
+            first_classes = name  # the slice holding the plan's chunk of logits
         try:
             loss = fn()[0].float().item()
             reference = loss if reference is None else reference
@@ -155,7 +190,7 @@ def probe(shape: tuple[int, int, int], rep: int) -> tuple[list[str], list[str]]:
             rows.append(f"| {label} | {name} | {type(e).__name__}: {str(e)[:60]} | - | - |")
         else:
             rows.append(f"| {label} | {name} | {loss - reference:+.1e} | {ms:.2f} | {peak:.0f} |")
-            if name.startswith(("plan", "recompute/plan")):
+            if name.startswith(("plan", "recompute/plan")) or name == first_classes:
                 notes += [f"- {label}, {name}:", *_kernels(fn)]
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()

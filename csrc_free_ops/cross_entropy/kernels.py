@@ -114,26 +114,28 @@ def forward_kernel(
 @triton.jit
 def backward_kernel(
     logits, target, weight, weight_sum, lse, ce_scale, z_scale, grad_logits,
-    stride_row, stride_grad_row, stride_scale, n_rows, n_cols, ignore_index,
+    stride_row, stride_grad_row, stride_scale, n_rows, n_cols, class_offset, n_classes, ignore_index,
     LABEL_SMOOTHING: tl.constexpr, LSE_SQUARE_SCALE: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK_N: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """grad = a * ((1 - ls) * w[y] * (p - [c == y]) + ls / V * (W * p - w[c]))
             + b * 2 * lse_square_scale * lse * p,   times (1 - tanh^2) under softcap,
-    with p = softmax(s), W = sum(w), a = ce_scale[row], b = z_scale[row]."""
+    with p = softmax(s), W = sum(w), a = ce_scale[row], b = z_scale[row].  The n_cols columns are
+    the classes class_offset.. of n_classes (every term is elementwise given the row's lse)."""
     softcap = tl.full([], SOFTCAP, COMPUTE)
     ls = tl.full([], LABEL_SMOOTHING, COMPUTE)
     two_z = tl.full([], 2.0 * LSE_SQUARE_SCALE, COMPUTE)
-    smooth_per_class = ls / tl.cast(n_cols, COMPUTE)
-    w_all = tl.cast(n_cols, COMPUTE)
+    smooth_per_class = ls / tl.cast(n_classes, COMPUTE)
+    w_all = tl.cast(n_classes, COMPUTE)
     if LABEL_SMOOTHING > 0:
         if HAS_WEIGHT:  # weight_sum is a placeholder (maybe empty) without label smoothing
             w_all = tl.load(weight_sum).to(COMPUTE)
     cols0 = tl.arange(0, BLOCK_N)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
-        y, valid, bad = _row_target(target, row64, n_cols, ignore_index)
+        y, valid, bad = _row_target(target, row64, n_classes, ignore_index)
+        y_here = y - class_offset
         x_row = logits + row64 * stride_row
         g_row = x_row
         if not IN_PLACE:
@@ -154,10 +156,10 @@ def backward_kernel(
                 raw = tl.load(x_row + cols, mask=mask, other=0.0).to(COMPUTE)
                 s = _capped(raw, softcap, HAS_SOFTCAP)
                 p = tl.exp(s - row_lse)
-                g = p_coef * p - tl.where(cols == y, ce_coef, 0.0)
+                g = p_coef * p - tl.where(cols == y_here, ce_coef, 0.0)
                 if LABEL_SMOOTHING > 0:
                     if HAS_WEIGHT:
-                        w = tl.load(weight + cols, mask=mask, other=0.0).to(COMPUTE)
+                        w = tl.load(weight + class_offset + cols, mask=mask, other=0.0).to(COMPUTE)
                         g -= a * smooth_per_class * w
                     else:
                         g -= a * smooth_per_class

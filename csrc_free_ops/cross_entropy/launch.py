@@ -132,19 +132,23 @@ def row_scales(
 def backward_rows(
     logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, w_sum: torch.Tensor,
     lse: torch.Tensor, ce_scale: torch.Tensor, z_scale: torch.Tensor, stride_scale: int, o: Options, p: Plan,
-    grad_logits: torch.Tensor | None,
+    grad_logits: torch.Tensor | None, classes: tuple[int, int] | None = None,
 ) -> None:  # fmt: skip
-    """The logits' gradient into grad_logits, or over logits when it is None."""
+    """The logits' gradient into grad_logits, or over logits when it is None.  classes: (offset,
+    count) where logits' columns are the classes offset.. of count (a slice of the vocabulary);
+    None: all of them."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
+    class_offset, n_classes = (0, n_cols) if classes is None else classes
     compute = _compute(logits)[0]
     in_place = grad_logits is None
     out = placeholder(logits) if in_place else grad_logits
     w = weight if weight is not None else placeholder(lse)
     _backward_launcher(_kernel_options(o), weight is not None, in_place, p, compute)(
         p.programs, logits, target, w, w_sum, lse, ce_scale, z_scale, out,
-        logits.stride(0), out.stride(0) if not in_place else 0, stride_scale, n_rows, n_cols, o.ignore_index,
+        logits.stride(0), out.stride(0) if not in_place else 0, stride_scale, n_rows, n_cols, class_offset,
+        n_classes, o.ignore_index,
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ import torch
 
 from csrc_free_ops import device
 from csrc_free_ops.cross_entropy import launch as ce
+from csrc_free_ops.cross_entropy import plan as ce_plan
 from csrc_free_ops.cross_entropy.reference import Options
 from csrc_free_ops.fused_linear_cross_entropy import plan, reference
 from csrc_free_ops.fused_linear_cross_entropy.plan import Plan
@@ -133,6 +134,43 @@ def backward(
         sums.add(g, x_chunk, matmul_weight, start, end, weight.dtype, ct)
         del g
     return sums.result(weight, bias)
+
+
+def backward_by_classes(
+    grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+    bias: torch.Tensor | None, ce_weight: torch.Tensor | None, o: Options, output_mask: tuple[bool, bool, bool],
+    class_slice: int, ce_p: ce_plan.Plan,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    """backward's gradients walking the classes instead of the rows, ``class_slice`` at a time (ce_p:
+    cross_entropy's plan for all rows of one slice): each slice's logits for every row, their gradient
+    in place from the saved lse, grad_weight[slice] = g.T @ x written once (an inner dimension of all
+    rows), grad_x += g @ weight[slice] (in x's dtype, one rounding per slice).  A candidate of
+    bench.lab.probe_flce_chunks: the row walk accumulates grad_weight with an inner dimension of one
+    chunk's rows, memory-bound at large vocabularies."""
+    n_classes = weight.shape[0]
+    ct = _compute(x)
+    target = target.contiguous()
+    need_x, need_weight, need_bias = output_mask[0], output_mask[1], output_mask[2] and bias is not None
+    matmul_weight, matmul_bias = _like_x(weight, x), _like_x(bias, x)
+    ce_scale, z_scale, stride = ce.row_scales(grad_loss, target, ce_weight, o, ct)
+    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
+    grad_x = torch.zeros_like(x, memory_format=torch.contiguous_format) if need_x else None
+    grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_weight else None
+    grad_bias = torch.empty_like(bias, dtype=ct) if need_bias else None
+    for start, end in plan.chunks(n_classes, class_slice):
+        w_slice = matmul_weight[start:end]
+        g = _logits(x, w_slice.t(), None if matmul_bias is None else matmul_bias[start:end])
+        ce.backward_rows(g, target, ce_weight, w_sum, lse, ce_scale, z_scale, stride, o, ce_p, None,
+                         (start, n_classes))  # fmt: skip
+        if need_weight:
+            part = torch.mm(g.t(), x)
+            grad_weight[start:end] = part if part.dtype == weight.dtype else part.to(weight.dtype)
+        if need_x:
+            grad_x.addmm_(g, w_slice)
+        if need_bias:
+            grad_bias[start:end] = g.sum(0, dtype=ct)
+        del g
+    return grad_x, grad_weight, None if grad_bias is None else grad_bias.to(bias.dtype)
 
 
 def forward_with_grads(
