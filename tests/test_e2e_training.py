@@ -148,11 +148,12 @@ def test_patched_training_matches_unpatched(arch):
         with LigerOpCounter() as counter:
             got = train(model)
     # The ops are what ran: one rope and one swiglu per layer forward, two rms_norms per layer and the
-    # final one, the fused loss once a step, and their backward ops per backward.
+    # final one, and their backward ops per backward; the fused loss once a step, with its gradients
+    # in the same walk.
     norms = STEPS * (2 * LAYERS + 1)
     ops = {"rope": STEPS * LAYERS, "rope_backward": STEPS * LAYERS, "swiglu": STEPS * LAYERS,
            "swiglu_backward": STEPS * LAYERS, "rms_norm": norms, "rms_norm_backward": norms,
-           "fused_linear_cross_entropy": STEPS, "fused_linear_cross_entropy_backward": STEPS}  # fmt: skip
+           "fused_linear_cross_entropy_with_grads": STEPS}  # fmt: skip
     assert counter.calls == ops, counter.calls
     assert len(set(want.losses)) == STEPS, f"the model did not train: {want.losses}"
     assert_same_training(got, want)

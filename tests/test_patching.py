@@ -423,7 +423,8 @@ def module_calls(report, steps: int, backward: bool = True) -> dict[str, int]:
     """The op calls ``steps`` forwards (and backwards) of the patched model make through its module
     swaps: one per module swapped, each run once a forward (the gated MLPs' swiglu / geglu,
     tests/test_patching_glu.py; rms_norm and layer_norm, tests/test_patching_norms.py), and the
-    routed loss once a training step (tests/test_patching_causal_lm_loss.py)."""
+    routed loss once a training step, its gradients in the same walk
+    (tests/test_patching_causal_lm_loss.py)."""
     calls: dict[str, int] = {}
     for r in report.replaced:
         if r.kind == "glu":
@@ -431,7 +432,8 @@ def module_calls(report, steps: int, backward: bool = True) -> dict[str, int]:
         elif r.kind in ("rms_norm", "layer_norm"):
             op = r.kind
         elif r.kind == "fused_linear_cross_entropy" and backward:  # training steps with labels only
-            op = r.kind
+            calls[f"{r.kind}_with_grads"] = calls.get(f"{r.kind}_with_grads", 0) + steps
+            continue
         else:
             continue
         for name in (op, f"{op}_backward") if backward else (op,):
