@@ -23,6 +23,8 @@ matmuls take one dtype); their gradients come back in their own dtype.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from csrc_free_ops import device
@@ -56,6 +58,38 @@ def _accumulate(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, dtyp
     if a.dtype == dtype:
         return acc.addmm_(a, b)
     return acc.add_(torch.mm(a, b))
+
+
+class _Gradients(NamedTuple):
+    """What every gradient walk reads: the compute dtype, the targets contiguous, weight and bias in
+    x's dtype for the matmuls, the backward kernel's row scales and the class-weight sum."""
+
+    ct: torch.dtype
+    target: torch.Tensor
+    matmul_weight: torch.Tensor
+    matmul_bias: torch.Tensor | None
+    ce_scale: torch.Tensor
+    z_scale: torch.Tensor
+    stride: int
+    w_sum: torch.Tensor
+
+
+def _gradients(grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+               bias: torch.Tensor | None, ce_weight: torch.Tensor | None, o: Options,
+               lse: torch.Tensor) -> _Gradients:  # fmt: skip
+    ct = _compute(x)
+    target = target.contiguous()
+    ce_scale, z_scale, stride = ce.row_scales(grad_loss, target, ce_weight, o, ct)
+    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
+    return _Gradients(ct, target, _like_x(weight, x), _like_x(bias, x), ce_scale, z_scale, stride, w_sum)
+
+
+def _rows_gradient(g: torch.Tensor, gr: _Gradients, ce_weight: torch.Tensor | None, lse: torch.Tensor, start: int,
+                   end: int, o: Options, ce_p: ce_plan.Plan) -> None:  # fmt: skip
+    """Rows start:end's logits g turned into their gradient in place."""
+    rows = slice(start, end) if gr.stride else slice(None)
+    ce.backward_rows(g, gr.target[start:end], ce_weight, gr.w_sum, lse[start:end], gr.ce_scale[rows],
+                     gr.z_scale[rows], gr.stride, o, ce_p, None)  # fmt: skip
 
 
 def forward(
@@ -118,20 +152,13 @@ def backward(
     bias: torch.Tensor | None, ce_weight: torch.Tensor | None, o: Options, output_mask: tuple[bool, bool, bool],
     p: Plan,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
-    n_rows = x.shape[0]
-    ct = _compute(x)
-    target = target.contiguous()
-    matmul_weight, matmul_bias = _like_x(weight, x), _like_x(bias, x)
-    ce_scale, z_scale, stride = ce.row_scales(grad_loss, target, ce_weight, o, ct)
-    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
+    gr = _gradients(grad_loss, x, weight, target, bias, ce_weight, o, lse)
     sums = _GradSums(x, bias, output_mask)
-    for start, end in plan.chunks(n_rows, p.chunk_rows):
+    for start, end in plan.chunks(x.shape[0], p.chunk_rows):
         x_chunk = x[start:end]
-        g = _logits(x_chunk, matmul_weight.t(), matmul_bias)
-        rows = slice(start, end) if stride else slice(None)
-        ce.backward_rows(g, target[start:end], ce_weight, w_sum, lse[start:end], ce_scale[rows], z_scale[rows],
-                         stride, o, p.ce, None)  # fmt: skip
-        sums.add(g, x_chunk, matmul_weight, start, end, weight.dtype, ct)
+        g = _logits(x_chunk, gr.matmul_weight.t(), gr.matmul_bias)
+        _rows_gradient(g, gr, ce_weight, lse, start, end, o, p.ce)
+        sums.add(g, x_chunk, gr.matmul_weight, start, end, weight.dtype, gr.ct)
         del g
     return sums.result(weight, bias)
 
@@ -148,19 +175,15 @@ def backward_by_classes(
     bench.lab.probe_flce_chunks: the row walk accumulates grad_weight with an inner dimension of one
     chunk's rows, memory-bound at large vocabularies."""
     n_classes = weight.shape[0]
-    ct = _compute(x)
-    target = target.contiguous()
     need_x, need_weight, need_bias = output_mask[0], output_mask[1], output_mask[2] and bias is not None
-    matmul_weight, matmul_bias = _like_x(weight, x), _like_x(bias, x)
-    ce_scale, z_scale, stride = ce.row_scales(grad_loss, target, ce_weight, o, ct)
-    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
+    gr = _gradients(grad_loss, x, weight, target, bias, ce_weight, o, lse)
     grad_x = torch.zeros_like(x, memory_format=torch.contiguous_format) if need_x else None
     grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_weight else None
-    grad_bias = torch.empty_like(bias, dtype=ct) if need_bias else None
+    grad_bias = torch.empty_like(bias, dtype=gr.ct) if need_bias else None
     for start, end in plan.chunks(n_classes, class_slice):
-        w_slice = matmul_weight[start:end]
-        g = _logits(x, w_slice.t(), None if matmul_bias is None else matmul_bias[start:end])
-        ce.backward_rows(g, target, ce_weight, w_sum, lse, ce_scale, z_scale, stride, o, ce_p, None,
+        w_slice = gr.matmul_weight[start:end]
+        g = _logits(x, w_slice.t(), None if gr.matmul_bias is None else gr.matmul_bias[start:end])
+        ce.backward_rows(g, gr.target, ce_weight, gr.w_sum, lse, gr.ce_scale, gr.z_scale, gr.stride, o, ce_p, None,
                          (start, n_classes))  # fmt: skip
         if need_weight:
             part = torch.mm(g.t(), x)
@@ -168,7 +191,7 @@ def backward_by_classes(
         if need_x:
             grad_x.addmm_(g, w_slice)
         if need_bias:
-            grad_bias[start:end] = g.sum(0, dtype=ct)
+            grad_bias[start:end] = g.sum(0, dtype=gr.ct)
         del g
     return grad_x, grad_weight, None if grad_bias is None else grad_bias.to(bias.dtype)
 
@@ -181,23 +204,19 @@ def forward_with_grads(
     ones, each chunk's logits computed once."""
     n_rows = x.shape[0]
     ct = _compute(x)
-    target = target.contiguous()
-    matmul_weight, matmul_bias = _like_x(weight, x), _like_x(bias, x)
     loss, z_loss, lse = (torch.empty(n_rows, dtype=ct, device=x.device) for _ in range(3))
-    w_sum = ce.weight_sum(ce_weight, o, ct, lse)
     unit = torch.ones(() if o.reduction != "none" else (n_rows,), dtype=ct, device=x.device)
-    ce_scale, z_scale, stride = ce.row_scales(unit, target, ce_weight, o, ct)
+    gr = _gradients(unit, x, weight, target, bias, ce_weight, o, lse)
     sums = _GradSums(x, bias, output_mask)
     for start, end in plan.chunks(n_rows, p.chunk_rows):
-        x_chunk, chunk_target, chunk_lse = x[start:end], target[start:end], lse[start:end]
-        g = _logits(x_chunk, matmul_weight.t(), matmul_bias)
-        ce.forward_rows(g, chunk_target, ce_weight, w_sum, o, p.ce, loss[start:end], z_loss[start:end], chunk_lse)
-        rows = slice(start, end) if stride else slice(None)
-        ce.backward_rows(g, chunk_target, ce_weight, w_sum, chunk_lse, ce_scale[rows], z_scale[rows], stride, o,
-                         p.ce, None)  # fmt: skip
-        sums.add(g, x_chunk, matmul_weight, start, end, weight.dtype, ct)
+        x_chunk = x[start:end]
+        g = _logits(x_chunk, gr.matmul_weight.t(), gr.matmul_bias)
+        ce.forward_rows(g, gr.target[start:end], ce_weight, gr.w_sum, o, p.ce, loss[start:end], z_loss[start:end],
+                        lse[start:end])  # fmt: skip
+        _rows_gradient(g, gr, ce_weight, lse, start, end, o, p.ce)
+        sums.add(g, x_chunk, gr.matmul_weight, start, end, weight.dtype, ct)
         del g
-    out_loss, out_z = ce.reduce_rows(loss, z_loss, target, ce_weight, o, ct)
+    out_loss, out_z = ce.reduce_rows(loss, z_loss, gr.target, ce_weight, o, ct)
     return (out_loss, out_z, lse, *sums.result(weight, bias))
 
 
