@@ -123,10 +123,8 @@ def _ours_candidates(x, w, t):
         yield f"recompute/{rows or 'plan'}", _ours(x, w, t, rows)[0]
     plan_rows = _ours(x, w, t, None)[1]
     for rows in (plan_rows, *(r for r in CHUNK_ROWS if r != plan_rows)):
-        yield (
-            f"classes/{_class_slice(rows, x.shape[0], w.shape[0])}",
-            _by_classes(x, w, t, _class_slice(rows, x.shape[0], w.shape[0])),
-        )
+        class_slice = _class_slice(rows, x.shape[0], w.shape[0])
+        yield f"classes/{class_slice}", _by_classes(x, w, t, class_slice)
 
 
 def _candidates(x, w, t):
@@ -157,19 +155,15 @@ def _kernels(fn) -> list[str]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    from bench.steps import top_kernels
+
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    ms: dict[str, float] = {}
-    calls: dict[str, int] = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            ms[e.name[:80]] = ms.get(e.name[:80], 0.0) + e.time_range.elapsed_us() / 1e3
-            calls[e.name[:80]] = calls.get(e.name[:80], 0) + 1
-    top = sorted(ms, key=ms.__getitem__, reverse=True)[:TOP]
-    return [f"  - {ms[k]:.3f} ms, {calls[k]} calls: `{k}`" for k in top]
+    events = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return [f"  - {k['ms']:.3f} ms, {k['calls']:g} calls: `{k['name']}`" for k in top_kernels(events, 1, TOP)]
 
 
 def probe(shape: tuple[int, int, int], rep: int) -> tuple[list[str], list[str]]:
