@@ -186,8 +186,10 @@ def backward_by_classes(
         ce.backward_rows(g, gr.target, ce_weight, gr.w_sum, lse, gr.ce_scale, gr.z_scale, gr.stride, o, ce_p, None,
                          (start, n_classes))  # fmt: skip
         if need_weight:
-            part = torch.mm(g.t(), x)
-            grad_weight[start:end] = part if part.dtype == weight.dtype else part.to(weight.dtype)
+            if g.dtype == weight.dtype:  # written in place: a row slice is contiguous
+                torch.mm(g.t(), x, out=grad_weight[start:end])
+            else:
+                grad_weight[start:end] = torch.mm(g.t(), x)
         if need_x:
             grad_x.addmm_(g, w_slice)
         if need_bias:
