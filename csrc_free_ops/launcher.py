@@ -129,13 +129,15 @@ def placeholder(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0) if _TRACING.active else t
 
 
-_RUNTIME_KNOBS = triton.knobs.runtime
+# Where Triton keeps its launch hooks: its runtime knobs from 3.4 on, CompiledKernel's class attributes
+# before (triton-ascend's 3.2, which must import this module though it never launches directly).
+_HOOKS = triton.knobs.runtime if hasattr(triton, "knobs") else triton.compiler.CompiledKernel
 
 
 def _launch_hooks_installed() -> bool:
     # A hook is a HookChain (its .calls list) on newer Triton, a callable or None on older; no generator,
     # since a bound launch asks on every call.
-    enter, leave = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
+    enter, leave = getattr(_HOOKS, "launch_enter_hook", None), getattr(_HOOKS, "launch_exit_hook", None)
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 

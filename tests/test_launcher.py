@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -171,3 +173,18 @@ def test_scalar_specializations_tell_equal_values_of_other_types_apart():
     assert spec((2**31,)) != spec((2**31 - 16,))
     with pytest.raises(TypeError, match="tensor arguments must all come before"):
         spec((torch.empty(1),))
+
+
+def test_imports_and_reads_launch_hooks_on_a_triton_without_knobs():
+    """triton-ascend's Triton (3.2) has no triton.knobs: its launch hooks are CompiledKernel's class
+    attributes.  The package must import there, and a hook installed there must be seen."""
+    script = (
+        "import triton, triton.compiler\n"
+        "del triton.knobs\n"
+        "from csrc_free_ops import launcher\n"
+        "assert not launcher._launch_hooks_installed()\n"
+        "triton.compiler.CompiledKernel.launch_enter_hook = lambda *a: None\n"
+        "assert launcher._launch_hooks_installed()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
