@@ -23,16 +23,19 @@ fused_linear_cross_entropy_with_grads(x, weight, target, bias, ce_weight, ignore
 
 Where the gradients are computed.  A recorded forward of a scalar loss
 (reduction mean or sum) on plain tensors, outside torch.func transforms and
-forward-mode AD, runs fused_linear_cross_entropy_with_grads, as upstream
-Liger-Kernel does: the gradients are held from the forward to the backward,
-which scales them by grad_loss, in place (the formula takes them off its node
-first, so nothing else holds them).  Everything else records the op and
-recomputes the logits in the backward op: reduction none (each row's
-grad_loss is known only then), DTensor and other subclasses, torch.func, a
-forward-mode tangent, and a backward that is itself differentiated
-(create_graph) or run a second time (retain_graph: the first took the
-gradients).  A forward without a recorded graph (no_grad, or no input that
-requires grad) computes no gradient.
+forward-mode AD, whose backward would walk the rows (chunks of at least 512
+rows, or one chunk: csrc_free_ops/fused_linear_cross_entropy/plan.py) runs
+fused_linear_cross_entropy_with_grads, as upstream Liger-Kernel does: the
+gradients are held from the forward to the backward, which scales them by
+grad_loss, in place (the formula takes them off its node first, so nothing
+else holds them).  Everything else records the op and computes the logits
+again in the backward op: shorter chunks (there the backward op walks the
+classes, which beats the one walk), reduction none (each row's grad_loss is
+known only then), DTensor and other subclasses, torch.func, a forward-mode
+tangent, and a backward that is itself differentiated (create_graph) or run
+a second time (retain_graph: the first took the gradients).  A forward
+without a recorded graph (no_grad, or no input that requires grad) computes
+no gradient.
 """
 
 from __future__ import annotations
@@ -180,6 +183,8 @@ def _forward_with_grads(args: tuple) -> tuple | None:
     if any(t is not None and type(t) not in plain for t in (x, weight, target, bias, ce_weight)):
         return None
     if ce_weight is not None and ce_weight.requires_grad:  # the backward op raises for it
+        return None
+    if not launch.gradients_in_forward(x, weight, ce_weight):
         return None
     mask = [x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad]
     return below_autograd(FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS, (*args, mask))

@@ -156,6 +156,44 @@ def test_chunk_rows_follow_x_size_and_free_memory():
     assert plan.chunks(10, 4) == [(0, 4), (4, 8), (8, 10)]
 
 
+def test_short_chunks_plan_a_class_walk_in_a_chunks_memory():
+    # Chunks under CLASS_WALK_BELOW_ROWS rows walk the classes (Llama 3's vocabulary at B2 S4096, and B8 S512's 32k);
+    # B2 S4096's 512-row chunks walk the rows, as does a single chunk.
+    for rows, n_classes, want in ((8192, 128256, 3968), (4096, 32000, 1984), (8192, 32000, 0), (200, 128256, 0)):
+        p = plan.cuda(rows, 2048, n_classes, 2, None)
+        assert p.class_slice == want, (rows, n_classes, p)
+        assert (p.class_ce is None) == (want == 0)
+        if want:
+            assert want % plan.CLASS_MULTIPLE == 0 and rows * want <= p.chunk_rows * n_classes
+            assert p.class_ce == ce_plan.cuda(rows, want)
+    # Memory so short that a slice would be narrower than one tile: the row walk, in the chunk's memory.
+    assert plan.cuda(8192, 2048, 32000, 2, plan.FREE_MEMORY_SHARE * 32000 * 2 * 8).class_slice == 0
+
+
+def test_short_chunks_record_the_forward_and_walk_the_classes_in_the_backward(monkeypatch):
+    """The one walk is not taken where the backward walks the classes: the forward records the loss alone."""
+    n_rows, n_classes, chunk = 12, 200, 4
+    monkeypatch.setenv("CSRC_FREE_OPS_FREE_BYTES", str(plan.FREE_MEMORY_SHARE * n_classes * 4 * chunk))
+    walks = _Walks(monkeypatch)
+    slices = []
+    real = launch.backward_by_classes
+
+    def by_classes(*args):
+        slices.append(args[9])
+        return real(*args)
+
+    monkeypatch.setattr(launch, "backward_by_classes", by_classes)
+    x, weight, bias, target = _head(rows=n_rows, n_classes=n_classes)
+    o = Options(IGNORE, 0.1, "mean", 1e-3, None)
+    loss = liger.fused_linear_cross_entropy(x, weight, target, bias, None, *o)[0]
+    assert walks.take() == {"forward": 1, "backward": 0, "forward_with_grads": 0}
+    grad_loss = torch.tensor(-2.5, device=DEVICE)
+    grads = torch.autograd.grad(loss, (x, weight, bias), grad_loss)
+    assert walks.take() == {"forward": 0, "backward": 1, "forward_with_grads": 0}
+    assert slices == [plan.CLASS_MULTIPLE]  # 4 rows of 200 logits hold 66 classes of 12 rows: one tile
+    assert_matches_reference(loss, grads, x, weight, target, bias, None, o, grad_loss)
+
+
 def test_weight_gradient_is_bitwise_deterministic_over_chunks():
     x = torch.randn(40, 16, device=DEVICE, dtype=torch.bfloat16)
     weight = torch.randn(30, 16, device=DEVICE, dtype=torch.bfloat16)
@@ -376,9 +414,14 @@ def test_one_chunk_buffer_is_alive_at_a_time(monkeypatch, walk):
 
 
 @pytest.mark.parametrize(("message", "make_args"), BAD_CALLS)
-def test_bad_input_raises_clear_error(message, make_args):
+@pytest.mark.parametrize("recorded", [False, True], ids=["unrecorded", "recorded"])
+def test_bad_input_raises_clear_error(message, make_args, recorded):
+    """Also in a recorded forward, whose choice of walk looks at the inputs before the op's check."""
+    args = make_args()
+    if recorded:
+        args = [a.requires_grad_() if a is not None and a.is_floating_point() else a for a in args]
     with pytest.raises((ValueError, TypeError), match=message):
-        liger.fused_linear_cross_entropy(*make_args())
+        liger.fused_linear_cross_entropy(*args)
 
 
 def test_gradcheck_and_gradgradcheck_in_float64():

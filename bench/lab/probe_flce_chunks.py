@@ -12,13 +12,14 @@ dimension of only ``rows``.  Short chunks make the last one memory-bound
 (arithmetic intensity about rows / 2 FLOP per byte of a bf16 accumulator,
 against about 300 for an H100's tensor cores).  Candidates:
 
-* ``plan``: what ``plan.cuda`` ships (the rows of ``plan.chunk_rows``),
-  the way a training step runs it: ``launch.forward_with_grads`` (three
-  matmuls a chunk), then the gradients scaled by grad_loss;
-* ``rows/R``: the same with chunks of R rows (a hand-built Plan);
+* ``plan``: what ``plan.cuda`` ships, the way a training step runs it:
+  where its backward walks the rows, ``launch.forward_with_grads`` (three
+  matmuls a chunk), then the gradients scaled by grad_loss; where it walks
+  the classes, ``launch.forward`` then ``launch.backward`` (the class walk);
+* ``rows/R``: the one walk with chunks of R rows (a hand-built Plan);
 * ``recompute/plan``, ``recompute/R``: ``launch.forward`` then
-  ``launch.backward``, which computes the logits again (four matmuls a
-  chunk): the path of reduction none, DTensor and torch.func;
+  ``launch.backward`` walking the rows (the plan's chunk height, or R),
+  which computes the logits again (four matmuls a chunk);
 * ``classes/C``: ``launch.forward``, then ``launch.backward_by_classes``
   walking C classes at a time (C x BT logits: the memory of the plan's
   chunk, then of each R above), grad_weight written once per slice;
@@ -45,7 +46,6 @@ from bench.lab.probe_group_norm import do_bench_ms
 # (BT, H, V): Llama B8 S512 and B2 S4096 at 32k, Llama 3's vocabulary at B2 S4096 (bench.steps' shapes)
 SHAPES = ((4096, 2048, 32000), (8192, 2048, 32000), (8192, 2048, 128256))
 CHUNK_ROWS = (256, 512, 1024, 2048)
-ROW_MULTIPLE = 64
 TOP = 8
 
 
@@ -62,12 +62,8 @@ def _ours(x, w, t, chunk_rows: int | None, one_walk: bool = False):
     from csrc_free_ops.cross_entropy.reference import Options
     from csrc_free_ops.fused_linear_cross_entropy import launch, plan
 
-    rows, hidden = x.shape
-    n_classes = w.shape[0]
-    if chunk_rows is None:
-        p = launch._cuda_plan(x, w)
-    else:
-        p = plan.Plan(chunk_rows, ce_plan.cuda(chunk_rows, n_classes))
+    rows = launch._cuda_plan(x, w).chunk_rows if chunk_rows is None else chunk_rows
+    p = plan.Plan(rows, ce_plan.cuda(rows, w.shape[0]))  # a row walk
     o = Options()
     one = torch.ones((), device=x.device)
 
@@ -80,6 +76,23 @@ def _ours(x, w, t, chunk_rows: int | None, one_walk: bool = False):
         return loss, grad_x.mul_(one), grad_w.mul_(one)  # the formula's scaling by grad_loss
 
     return (with_grads if one_walk else fwd_bwd), p.chunk_rows
+
+
+def _shipped(x, w, t):
+    """The shipped plan as a training step runs it (module doc), and its name."""
+    from csrc_free_ops.cross_entropy.reference import Options
+    from csrc_free_ops.fused_linear_cross_entropy import launch
+
+    p = launch._cuda_plan(x, w)
+    if not p.class_slice:
+        return _ours(x, w, t, p.chunk_rows, one_walk=True)[0], f"plan ({p.chunk_rows} rows, one walk)"
+    o, one = Options(), torch.ones((), device=x.device)
+
+    def fwd_bwd():
+        loss, _, lse = launch.forward(x, w, t, None, None, o, p)
+        return loss, *launch.backward(one, x, w, t, lse, None, None, o, (True, True, False), p)[:2]
+
+    return fwd_bwd, f"plan ({p.chunk_rows} rows, classes/{p.class_slice})"
 
 
 def _autograd(loss_fn, x, w, t):
@@ -111,12 +124,14 @@ def _by_classes(x, w, t, class_slice: int):
 
 def _class_slice(rows: int, n_rows: int, n_classes: int) -> int:
     """The slice of classes whose logits for all rows hold as many elements as ``rows`` rows' logits."""
-    return max(ROW_MULTIPLE, rows * n_classes // n_rows // ROW_MULTIPLE * ROW_MULTIPLE)
+    from csrc_free_ops.fused_linear_cross_entropy.plan import CLASS_MULTIPLE
+
+    return max(CLASS_MULTIPLE, rows * n_classes // n_rows // CLASS_MULTIPLE * CLASS_MULTIPLE)
 
 
 def _ours_candidates(x, w, t):
-    fn, rows = _ours(x, w, t, None, one_walk=True)
-    yield f"plan ({rows} rows)", fn
+    fn, name = _shipped(x, w, t)
+    yield name, fn
     for rows in CHUNK_ROWS:
         yield f"rows/{rows}", _ours(x, w, t, rows, one_walk=True)[0]
     for rows in (None, *CHUNK_ROWS):

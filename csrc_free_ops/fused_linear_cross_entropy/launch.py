@@ -8,14 +8,17 @@ and lse; the reduction runs once over all rows.  Backward, per chunk: the
 logits again, cross_entropy's backward kernel turns them into their
 gradient in place, then grad_x_chunk = g @ weight (into grad_x's rows),
 grad_weight += g.T @ x_chunk (the first chunk writes it, later ones add:
-chunk order fixed, so the sum is reproducible), grad_bias += sum(g).  Only
-the gradients output_mask asks for are computed.
+chunk order fixed, so the sum is reproducible), grad_bias += sum(g).  Where
+the plan says so (plan.py: short chunks), the backward walks the classes
+instead (backward_by_classes).  Only the gradients output_mask asks for are
+computed.
 
 forward_with_grads does both in one walk, for a grad_loss of ones: each
 chunk's logits are computed once, their loss taken, then turned into their
 gradient in place.  Three matmuls per chunk instead of four; the autograd
 formula scales the gradients by the real grad_loss later
-(registrations/fused_linear_cross_entropy.py says when it is used).
+(registrations/fused_linear_cross_entropy.py says when it is used: never
+where the plan walks the classes, whose backward beats it).
 
 A weight or bias of another dtype than x is cast to x's once per call (the
 matmuls take one dtype); their gradients come back in their own dtype.
@@ -152,6 +155,9 @@ def backward(
     bias: torch.Tensor | None, ce_weight: torch.Tensor | None, o: Options, output_mask: tuple[bool, bool, bool],
     p: Plan,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    if p.class_slice:
+        return backward_by_classes(grad_loss, x, weight, target, lse, bias, ce_weight, o, output_mask,
+                                   p.class_slice, p.class_ce)  # fmt: skip
     gr = _gradients(grad_loss, x, weight, target, bias, ce_weight, o, lse)
     sums = _GradSums(x, bias, output_mask)
     for start, end in plan.chunks(x.shape[0], p.chunk_rows):
@@ -171,9 +177,8 @@ def backward_by_classes(
     """backward's gradients walking the classes instead of the rows, ``class_slice`` at a time (ce_p:
     cross_entropy's plan for all rows of one slice): each slice's logits for every row, their gradient
     in place from the saved lse, grad_weight[slice] = g.T @ x written once (an inner dimension of all
-    rows), grad_x += g @ weight[slice] (in x's dtype, one rounding per slice).  A candidate of
-    bench.lab.probe_flce_chunks: the row walk accumulates grad_weight with an inner dimension of one
-    chunk's rows, memory-bound at large vocabularies."""
+    rows), grad_x += g @ weight[slice] (in x's dtype, one rounding per slice, as the row walk rounds
+    grad_weight once per chunk).  plan.py says when the backward takes it."""
     n_classes = weight.shape[0]
     need_x, need_weight, need_bias = output_mask[0], output_mask[1], output_mask[2] and bias is not None
     gr = _gradients(grad_loss, x, weight, target, bias, ce_weight, o, lse)
@@ -220,6 +225,27 @@ def forward_with_grads(
         del g
     out_loss, out_z = ce.reduce_rows(loss, z_loss, gr.target, ce_weight, o, ct)
     return (out_loss, out_z, lse, *sums.result(weight, bias))
+
+
+def _size_hint(n: int | torch.SymInt) -> int | None:
+    """n, or a symbolic size's value in the example being traced (None where it has none)."""
+    return n if isinstance(n, int) else n.node.hint
+
+
+def gradients_in_forward(x: torch.Tensor, weight: torch.Tensor, ce_weight: torch.Tensor | None) -> bool:
+    """Whether computing the gradients in the forward walk saves work: the backward's plan for x's device
+    walks the rows (its class walk would not reuse the forward's logits).  Symbolic sizes decide by the
+    traced example's, without a guard: either answer computes the same gradients."""
+    if x.dim() != 2 or weight.dim() != 2:
+        return True  # the with-grads op's check names the problem
+    rows, hidden, n_classes = (_size_hint(n) for n in (*x.shape, weight.shape[0]))
+    if rows is None or hidden is None or n_classes is None:
+        return True
+    if device.backend_of(x) == "npu":
+        return x.dtype == torch.float64 or not plan.npu(
+            rows, hidden, n_classes, x.element_size(), device.free_bytes(x), ce_weight is not None,
+            device.npu_ub_bytes(), device.npu_vector_cores()).class_slice  # fmt: skip
+    return not plan.cuda(rows, hidden, n_classes, x.element_size(), device.free_bytes(x)).class_slice
 
 
 # --- The entries of the dispatch keys
