@@ -456,15 +456,28 @@ def test_opcheck(dtype, o):
     torch.library.opcheck(liger.fused_linear_cross_entropy_with_grads.default, args, test_utils=OPCHECK_UTILS)
 
 
-def test_compile_fullgraph_matches_eager():
+# (classes, rows per chunk): one chunk; chunks of 2 rows walked by rows (12 classes: a slice would be
+# narrower than one tile); chunks of 3 rows whose backward walks 64-class slices.  On CUDA each compiles
+# to the walk's slices and kernels in Inductor's graph.
+COMPILED_WALKS = {"one chunk": (12, None), "row chunks": (12, 2), "class slices": (200, 3)}
+
+
+@pytest.mark.parametrize("walk", list(COMPILED_WALKS))
+def test_compile_fullgraph_matches_eager(monkeypatch, walk):
+    n_classes, chunk = COMPILED_WALKS[walk]
+    if chunk is not None:
+        monkeypatch.setenv("CSRC_FREE_OPS_FREE_BYTES", str(plan.FREE_MEMORY_SHARE * n_classes * 4 * chunk))
+    p = launch._cuda_plan(torch.empty(7, 8), torch.empty(n_classes, 8))
+    assert (p.chunk_rows, bool(p.class_slice)) == (chunk or 7, walk == "class slices")
+
     def model(h, weight, target):
         return liger.fused_linear_cross_entropy(torch.tanh(h), weight, target, None, None, IGNORE, 0.0, "mean")[0]
 
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     h = torch.randn(7, 8, device=DEVICE, requires_grad=True)
-    weight = torch.randn(12, 8, device=DEVICE, requires_grad=True)
-    target = make_target(7, 12, 0.3)
+    weight = torch.randn(n_classes, 8, device=DEVICE, requires_grad=True)
+    target = make_target(7, n_classes, 0.3)
     out = compiled(h, weight, target)
     torch.testing.assert_close(out, model(h, weight, target))
     got = torch.autograd.grad(out, (h, weight))
