@@ -129,6 +129,9 @@ class Results:
         self.values: dict[tuple, dict[int, tuple[float, float, float]]] = {}
         self.skips: list[dict[str, Any]] = []
         self.warnings: list[str] = []
+        # (op, provider) -> why its call could not be captured, even rebuilt: its later graph timings are
+        # skipped, since every failed capture risks the process (bench/timing.py _abandon_pool).
+        self.uncapturable: dict[tuple[str, str], str] = {}
 
     def add(self, key: tuple, x: int, ys: tuple[float, float, float]) -> None:
         self.values.setdefault(key, {})[x] = ys
@@ -235,9 +238,16 @@ def run_point(
                             res.skip(op, sweep, x, prov, mode, _reason(e), timer)
                         continue
                 for timer in timers:
+                    earlier = res.uncapturable.get((op, prov)) if timer == "graph" else None
+                    if earlier is not None:
+                        reason = f"not captured: an earlier capture failed ({earlier})"
+                        res.skip(op, sweep, x, prov, mode, reason, timer)
+                        continue
                     try:
                         (t50, t20, t80), built = _time_one(args, built, op, prov, shape, mode, timer, warmup, rep)
                     except Exception as e:
+                        if isinstance(e, timing.CaptureFailed):
+                            res.uncapturable[(op, prov)] = f"{sweep.x_name}={x} {mode}"
                         res.skip(op, sweep, x, prov, mode, _reason(e), timer)
                         continue
                     finally:

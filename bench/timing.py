@@ -143,8 +143,11 @@ def _abandon_pool(device_index: int) -> None:
     so after a failure the pool stays "recording" and every later capture into
     it fails with "beginAllocateToPool: already recording" (the H200 run of
     2026-12-03 at bd54704 lost every rope row after one failure that way).  End the recording where
-    this torch exposes it, release the pool, and let the next capture start a
-    new one."""
+    this torch exposes it and let the next capture start a new pool.  The pool
+    itself is left to the failed graph, whose reset releases it: releasing it
+    here as well drove its use count below zero, an assert in a graph's
+    destructor that ended the process (the H100 run of 2026-12-07 at 821e485,
+    after upstream's cross_entropy failed to capture)."""
     import torch
 
     pool = _POOLS.pop(device_index, None)
@@ -154,11 +157,9 @@ def _abandon_pool(device_index: int) -> None:
     end = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(
         torch._C, "_cuda_endAllocateCurrentStreamToPool", None
     )
-    for fn in (end, getattr(torch._C, "_cuda_releasePool", None)):
-        if fn is None:
-            continue
+    if end is not None:
         try:
-            fn(device_index, pool)
+            end(device_index, pool)
         except RuntimeError:
             pass  # best effort: the pool is dropped either way
 

@@ -491,7 +491,8 @@ def test_l2_flush_check_passes_on_triton_do_bench_and_fails_on_one_that_skips_th
 
 def test_a_failed_capture_ends_and_drops_the_shared_pool(monkeypatch):
     """After a failed capture the shared pool is left recording by torch; the
-    harness ends and releases it and hands the next capture a new pool."""
+    harness ends its recording and hands the next capture a new pool, and
+    leaves the release to the failed graph's reset (a second release aborts)."""
     handles = iter([(0, 1), (0, 2)])
     calls: list[tuple[str, int, tuple[int, int]]] = []
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
@@ -503,10 +504,56 @@ def test_a_failed_capture_ends_and_drops_the_shared_pool(monkeypatch):
     first = timing._graph_pool(3)
     assert timing._graph_pool(3) == first == (0, 1)
     timing._abandon_pool(3)
-    assert calls == [("end", 3, (0, 1)), ("release", 3, (0, 1))]
+    assert calls == [("end", 3, (0, 1))]
     assert timing._graph_pool(3) == (0, 2)
     timing._abandon_pool(5)  # nothing to drop
-    assert len(calls) == 2
+    assert len(calls) == 1
+
+
+def test_a_provider_that_fails_to_capture_is_not_captured_again(monkeypatch):
+    """After a capture fails even on rebuilt inputs, the provider's later graph timings are skipped (each failed
+    capture risks the process), while its eager timings and the other providers' captures go on."""
+    import argparse
+
+    from bench import providers, run, shapes
+
+    class Built:
+        def __init__(self, prov):
+            self.prov = prov
+            self.forward_timer = self.full_timer = self.backward_timer = lambda: lambda: None
+
+        def prepare(self):
+            pass
+
+    captures = []
+
+    def time_ms(make, device, timer, warmup, rep):
+        if timer == "graph":
+            captures.append(make.prov)
+            if make.prov == "syncs":
+                raise timing.CaptureFailed("CUDA graph capture failed")
+        return 1.0, 1.0, 1.0
+
+    monkeypatch.setattr(providers, "build", lambda op, prov, shape, device: Built(prov))
+    monkeypatch.setattr(run, "_timer", lambda built, mode: type("T", (), {"prov": built.prov})())
+    monkeypatch.setattr(run, "_reference_outputs", lambda *a: None)
+    monkeypatch.setattr(timing, "time_ms", time_ms)
+    monkeypatch.setattr(timing, "free", lambda device: None)
+    monkeypatch.setattr(timing, "peak_mb", lambda fn, device: 1.0)
+    args = argparse.Namespace(device="cpu", timers=["eager", "graph"], providers=["syncs", "liger"],
+                              modes=["forward", "backward"])  # fmt: skip
+    res = run.Results()
+    sweep = shapes.Sweep("cross_entropy", "seeds", "V", "classes", (64, 128), {"dtype": "bfloat16", "BT": 8})
+    for idx, x in enumerate(sweep.x_values):
+        run.run_point(args, res, sweep, idx, x, 1.0, 1.0)
+    # "syncs": the forward capture and its retry on rebuilt inputs, then never again; "liger": every capture.
+    assert captures == ["syncs", "syncs", "liger", "liger", "liger", "liger"]
+    skipped = [(s["provider"], s["x"], s["mode"], s["timer"]) for s in res.skips]
+    assert skipped == [("syncs", 64, "forward", "graph"), ("syncs", 64, "backward", "graph"),
+                       ("syncs", 128, "forward", "graph"), ("syncs", 128, "backward", "graph")]  # fmt: skip
+    assert "an earlier capture failed (V=64 forward)" in res.skips[1]["reason"]
+    eager = [k for k in res.values if k[3] == "syncs" and k[5] == "eager" and k[6] == "speed"]
+    assert len(eager) == 4  # both modes timed at both points
 
 
 # --------------------------------------------------------------------------
