@@ -72,7 +72,10 @@ for step in "$@"; do
       # steps_llm_compile_blocking-<model>: ours compiled, launches synchronous, so an illegal access is
       # reported at the launch that made it (its traceback is in the log)
       run_step "$step" env CUDA_LAUNCH_BLOCKING=1 python3 -m bench.steps --models "${step#steps_llm_compile_blocking-}" \
-        --modes compile --providers liger --quick --rounds 1 --out "$RESULTS/$step" ;;
+        --modes compile --providers liger --quick --rounds 1 --out "$RESULTS/$step"
+      # the Inductor module the traceback names: the failing kernel's source and its buffers' origins
+      code=$(grep -o '/tmp/torchinductor_[^"]*\.py' "$RESULTS/$step.log" | tail -1)
+      if [ -n "$code" ]; then mkdir -p "$RESULTS/$step" && cp "$code" "$RESULTS/$step/output_code.py"; fi ;;
     steps_llm_memory)
       run_step steps_llm_memory python3 -m bench.steps --models llama --modes eager --quick --rounds 1 --memory-peak \
         --out "$RESULTS/steps_llm_memory" ;;
