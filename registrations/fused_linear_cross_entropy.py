@@ -14,7 +14,9 @@ fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None, ignore_
 fused_linear_cross_entropy_backward(grad_loss, x, weight, target, lse, bias, ce_weight, ignore_index,
                                     label_smoothing, reduction, lse_square_scale, softcap, output_mask)
     -> (grad_x, grad_weight, grad_bias)
-    output_mask: which of the three to compute; None for the others.
+    output_mask: which of the three to compute; None for the others, and an
+    empty tensor for grad_x (DTensor dispatches only an op whose first output
+    is a Tensor).
 fused_linear_cross_entropy_with_grads(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                                       reduction, lse_square_scale, softcap, output_mask)
     -> (loss, z_loss, lse, grad_x, grad_weight, grad_bias)
@@ -116,8 +118,7 @@ def _fake(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, red
     return x.new_empty(shape, dtype=ct), x.new_empty(shape, dtype=ct), x.new_empty((x.shape[0],), dtype=ct)
 
 
-def _backward_fake(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
-    mask = options_and_mask[-1]
+def _grads_fake(x, weight, bias, mask) -> tuple:
     return (
         x.new_empty(x.shape) if mask[0] else None,
         weight.new_empty(weight.shape) if mask[1] else None,
@@ -125,9 +126,14 @@ def _backward_fake(grad_loss, x, weight, target, lse, bias, ce_weight, *options_
     )
 
 
+def _backward_fake(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
+    grad_x, grad_weight, grad_bias = _grads_fake(x, weight, bias, options_and_mask[-1])
+    return x.new_empty(0) if grad_x is None else grad_x, grad_weight, grad_bias
+
+
 def _with_grads_fake(x, weight, target, bias, ce_weight, *options_and_mask):
     loss_outputs = _fake(x, weight, target, bias, ce_weight, *options_and_mask[:-1])
-    return (*loss_outputs, *_backward_fake(None, x, weight, target, None, bias, ce_weight, *options_and_mask))
+    return (*loss_outputs, *_grads_fake(x, weight, bias, options_and_mask[-1]))
 
 
 FUSED_LINEAR_CROSS_ENTROPY = define_op(
@@ -145,7 +151,7 @@ FUSED_LINEAR_CROSS_ENTROPY = define_op(
 FUSED_LINEAR_CROSS_ENTROPY_BACKWARD = define_op(
     "fused_linear_cross_entropy_backward(Tensor grad_loss, Tensor x, Tensor weight, Tensor target, Tensor lse, "
     "Tensor? bias, Tensor? ce_weight, int ignore_index, float label_smoothing, str reduction, float lse_square_scale, "
-    "float? softcap, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)",
+    "float? softcap, bool[3] output_mask) -> (Tensor, Tensor?, Tensor?)",
     check=_check_backward,
     fake=_backward_fake,
     entries=Entries(
@@ -218,6 +224,7 @@ def _backward(ctx, grad_loss, grad_z_loss, grad_lse):
         grads = call_from_backward(
             FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, grad_loss, x, weight, target, lse, bias, ce_weight, *ctx.options, mask
         )
+        grads = (grads[0] if mask[0] else None, *grads[1:])  # the op's grad_x is empty where unmasked
     grad_x, grad_weight, grad_bias = grads
     return grad_x, grad_weight, None, grad_bias, None, None, None, None, None, None
 

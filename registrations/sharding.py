@@ -70,8 +70,8 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   grad_out, gate and up already placed alike, without Partial; otherwise
   ValueError (in place, nothing can be redistributed).
 * fused_linear_cross_entropy: x and target S(0), weight, bias and
-  ce_weight R -> as cross_entropy; backward grad_x S(0), grad_weight and
-  grad_bias P; the with-grads op as both (its gradients are for a unit
+  ce_weight R -> as cross_entropy; backward grad_x S(0) (R when the mask
+  leaves it out: an empty tensor), grad_weight and grad_bias P; the with-grads op as both (its gradients are for a unit
   grad_loss, each shard's for its own rows).  An LM head sharded over the
   vocabulary (weight S(0), as tensor parallelism's ColwiseParallel leaves
   it) is gathered first: right, but without vocabulary-parallel memory
@@ -169,8 +169,8 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     GEGLU: lambda a: [True],
     GEGLU_BACKWARD: lambda a: [True, True],
     FUSED_LINEAR_CROSS_ENTROPY: lambda a: [True, True, True],
-    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [
-        m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [  # grad_x is an empty tensor where the mask leaves it out
+        i == 0 or (m and (i != 2 or a.get("bias") is not None)) for i, m in enumerate(a["output_mask"])
     ],
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: lambda a: (
         [True, True, True] + [m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])]
@@ -366,7 +366,7 @@ def _fused_linear_cross_entropy(a: dict) -> list:
 def _fused_linear_cross_entropy_backward(a: dict) -> list:
     rows = {"x": Shard(0), "target": Shard(0), "lse": Shard(0), "weight": R, "bias": R, "ce_weight": R}
     mask = _OUTPUTS[FUSED_LINEAR_CROSS_ENTROPY_BACKWARD](a)
-    outputs = [Shard(0) if mask[0] else None, P if mask[1] else None, P if mask[2] else None]
+    outputs = [Shard(0) if a["output_mask"][0] else R, P if mask[1] else None, P if mask[2] else None]
     return [(outputs, {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
 
 

@@ -222,6 +222,12 @@ def test_only_the_gradients_asked_for_are_computed():
     )  # fmt: skip
     assert outs[1] is None and outs[2] is None
     torch.testing.assert_close(outs[0], grad_x)
+    # grad_x left out: an empty tensor (the schema's first output is a Tensor, as DTensor requires)
+    outs = liger.fused_linear_cross_entropy_backward(
+        torch.tensor(1.0, device=DEVICE), x.detach(), weight, target, lse, bias, None, IGNORE, 0.0, "mean", 0.0,
+        None, [False, False, True],
+    )  # fmt: skip
+    assert outs[0].numel() == 0 and outs[1] is None and outs[2].shape == bias.shape
     with torch.no_grad():
         assert liger.fused_linear_cross_entropy(x, weight, target)[0].grad_fn is None
 

@@ -270,9 +270,15 @@ def cuda_forward(x, weight, target, bias, ce_weight, *options):
     return forward(x, weight, target, bias, ce_weight, o, _cuda_plan(x, weight))
 
 
+def _op_grads(grads: tuple, x: torch.Tensor) -> tuple:
+    """The backward op's outputs: grad_x an empty tensor where the mask leaves it out (the schema's first
+    output is a Tensor: DTensor dispatches no other tuple-returning op)."""
+    return (x.new_empty(0) if grads[0] is None else grads[0], *grads[1:])
+
+
 def cuda_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
     o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
-    return backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask, _cuda_plan(x, weight))
+    return _op_grads(backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask, _cuda_plan(x, weight)), x)
 
 
 # triton-ascend compiles no float64: float64 on the NPU runs the reference there.
@@ -289,8 +295,9 @@ def npu_forward(x, weight, target, bias, ce_weight, *options):
 def npu_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
     o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
     if x.dtype == torch.float64:
-        return reference.backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask)
-    return backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask, _npu_plan(x, weight, ce_weight))
+        return _op_grads(reference.backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask), x)
+    p = _npu_plan(x, weight, ce_weight)
+    return _op_grads(backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask, p), x)
 
 
 def reference_forward(x, weight, target, bias, ce_weight, *options):
@@ -301,7 +308,7 @@ def reference_forward(x, weight, target, bias, ce_weight, *options):
 
 def reference_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
     o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
-    return reference.backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask)
+    return _op_grads(reference.backward(grad_loss, x, weight, target, lse, bias, ce_weight, o, mask), x)
 
 
 def cuda_forward_with_grads(x, weight, target, bias, ce_weight, *options_and_mask):

@@ -253,6 +253,55 @@ def glu(ctx: Context, name: str, gate_at, up_at=None, keeps: bool = True):
         _assert_placements(dup.grad, gate_at, "dup")
 
 
+# ---------------------------------------------------------------------------
+# cross_entropy, fused_linear_cross_entropy: rows (BT) sharded, the classes whole.
+
+IGNORE = -100
+
+
+def _targets(ctx: Context, rows: int, n_classes: int) -> torch.Tensor:
+    target = torch.randint(0, n_classes, (rows,), generator=torch.Generator().manual_seed(8))
+    target[::3] = IGNORE  # ignored rows on every shard
+    return target.to(ctx.device)
+
+
+def _loss_fn(name: str, reduction: str):
+    """The loss of (x, weight, target): cross_entropy of x as logits (weight unused), or of x @ weight.T."""
+    if name == "cross_entropy":
+        return lambda x, weight, target: liger.cross_entropy(x, target, None, IGNORE, 0.0, reduction)[0]
+    return lambda x, weight, target: liger.fused_linear_cross_entropy(x, weight, target, None, None, IGNORE, 0.0,
+                                                                      reduction)[0]  # fmt: skip
+
+
+def loss(ctx: Context, name: str, reduction: str, x_at, weight_at=(R,), keeps: bool = True):
+    """keeps: the loss is placed by the rows rule (Shard(0) for none, Partial for sum), and the gradients too."""
+    ws = ctx.world_size
+    rows, hidden, n_classes = 4 * ws, 8, 6 * ws
+    x, weight = _inputs(ctx, 7, (rows, n_classes if name == "cross_entropy" else hidden), (n_classes, hidden))
+    target = _targets(ctx, rows, n_classes)
+    fn = _loss_fn(name, reduction)
+    xs, wsd = _leaf(x), _leaf(weight)
+    y = fn(xs, wsd, target)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(ctx.device)
+    y.backward(g)
+
+    mesh = ctx.mesh(None)
+    dx, dw = _dtensor(x, mesh, x_at), _dtensor(weight, mesh, weight_at, grad=name != "cross_entropy")
+    dt = distribute_tensor(target, mesh, [Shard(0)] if x_at == (Shard(0),) else [R])
+    dy = fn(dx, dw, dt)
+    if keeps:
+        _assert_placements(dy, [Shard(0) if reduction == "none" else Partial()], "loss")
+    dy.backward(distribute_tensor(g, mesh, [Shard(0)] if dy.placements[0] == Shard(0) else [R]))
+    assert_close(dy, y, "loss")
+    assert_close(dx.grad, xs.grad, "grad_x")
+    if keeps:
+        _assert_placements(dx.grad, x_at, "grad_x")
+    if name != "cross_entropy":
+        assert_close(dw.grad, wsd.grad, "grad_weight")
+        if keeps:
+            _assert_partial_or(dw.grad, [R], "grad_weight")
+
+
 def cases(world_size: int) -> list[tuple[str, Case]]:
     ws = world_size
     S = Shard
@@ -314,6 +363,23 @@ def cases(world_size: int) -> list[tuple[str, Case]]:
         ("geglu/sequence", p(glu, name="geglu", gate_at=(S(1),))),  # sequence parallel
         ("swiglu/batch", p(glu, name="swiglu", gate_at=(S(0),))),
         ("geglu/mismatch_redistributed", p(glu, name="geglu", gate_at=(S(2),), up_at=(S(1),), keeps=False)),
+    ]
+    found += [
+        ("cross_entropy/rows_sum", p(loss, name="cross_entropy", reduction="sum", x_at=(S(0),))),
+        ("cross_entropy/rows_none", p(loss, name="cross_entropy", reduction="none", x_at=(S(0),))),
+        ("cross_entropy/mean_redistributed", p(loss, name="cross_entropy", reduction="mean", x_at=(S(0),),
+                                               keeps=False)),  # fmt: skip
+        ("cross_entropy/classes_redistributed", p(loss, name="cross_entropy", reduction="sum", x_at=(S(1),),
+                                                  keeps=False)),  # fmt: skip
+        ("fused_linear_cross_entropy/rows_sum", p(loss, name="fused_linear_cross_entropy", reduction="sum",
+                                                  x_at=(S(0),))),  # fmt: skip
+        ("fused_linear_cross_entropy/rows_none", p(loss, name="fused_linear_cross_entropy", reduction="none",
+                                                   x_at=(S(0),))),  # fmt: skip
+        ("fused_linear_cross_entropy/mean_redistributed", p(loss, name="fused_linear_cross_entropy",
+                                                            reduction="mean", x_at=(S(0),), keeps=False)),  # fmt: skip
+        ("fused_linear_cross_entropy/head_vocab_sharded", p(loss, name="fused_linear_cross_entropy",
+                                                            reduction="sum", x_at=(S(0),), weight_at=(S(0),),
+                                                            keeps=False)),  # fmt: skip
     ]
     if ws == 4:  # a 2-D (2, 2) mesh: the one-dim rules expanded
         found += [
