@@ -838,6 +838,28 @@ def test_probe_rms_norm_wide_candidates_match_the_float64_reference(monkeypatch)
     assert {(b, whole) for b, _, whole in names} == {(False, True), (False, False), (True, True), (True, False)}
 
 
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_probe_glu_tiles_candidates_and_compiled_formula_match_the_float64_reference(name):
+    """Every tile the GLU probe times computes the op, and the formula it compiles as the rival is the op's."""
+    from bench.lab import probe_glu_tiles as probe
+    from bench.lab.probe_group_norm import max_rel_error
+    from tests.helpers import DEVICE
+
+    gate, up, dy = (torch.randn(3, 700, device=DEVICE) for _ in range(3))
+    refs = probe._references(name, gate, up, dy)
+    labels = []
+    for label, direction, fn in probe._candidates(name, gate, up, dy, compile_too=False):
+        assert max_rel_error(fn(), refs[direction]) <= 1e-5, (label, direction)
+        labels.append(label)
+    assert labels[:2] == ["plan", "plan"] and len(labels) == 2 * (1 + len(probe.TILES))
+    activation = probe.ACTIVATIONS[name]
+    a, da = probe._act_and_grad(gate.double(), activation)
+    g = gate.double().requires_grad_(True)
+    want = probe._act(g, activation)
+    torch.testing.assert_close(a, want.detach())
+    torch.testing.assert_close(da, torch.autograd.grad(want.sum(), g)[0])
+
+
 def test_probe_flce_chunks_candidates_match_the_float64_reference(monkeypatch):
     """Every chunk height the fused loss's probe times gives the loss and gradients of linear + cross_entropy."""
     from bench.lab import probe_flce_chunks as probe

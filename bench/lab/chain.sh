@@ -58,6 +58,8 @@ for step in "$@"; do
       run_step probe_nhwc_quick python3 -m bench.lab.probe_group_norm_nhwc --quick --out "$RESULTS/probe_nhwc_quick.md" ;;
     probe_flce_chunks)
       run_step probe_flce_chunks python3 -m bench.lab.probe_flce_chunks --out "$RESULTS/probe_flce_chunks.md" ;;
+    probe_glu_tiles)
+      run_step probe_glu_tiles python3 -m bench.lab.probe_glu_tiles --out "$RESULTS/probe_glu_tiles.md" ;;
     probe_rms_norm_wide)
       run_step probe_rms_norm_wide python3 -m bench.lab.probe_rms_norm_wide --out "$RESULTS/probe_rms_norm_wide.md" ;;
     steps_llm)

@@ -9,7 +9,8 @@ the last dim.  A tile holds BLOCK elements: the whole row width up to BLOCK
 
 CUDA (also the CPU interpreter path): one program per tile, no loop; the
 tile is CUDA_BLOCK elements (16 per thread at CUDA_WARPS warps: two 16-byte
-vectors of bf16 per input), a first guess to be tuned on the GPU.
+vectors of bf16 per input), a first guess; bench/lab/probe_glu_tiles.py
+times the others.
 
 NPU (triton-ascend): one program per vector core walking the tiles with a
 grid stride (1-D grid, at most the vector-core count and 65535), tiles sized
