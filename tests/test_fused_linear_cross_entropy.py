@@ -105,9 +105,10 @@ def _plan(rows: int, n_classes: int) -> plan.Plan:
     has_ce_weight=st.booleans(),
     ignored=st.sampled_from([0.0, 0.7]),
     chunk=st.sampled_from([1, 3, 8, 64]),
+    class_slice=st.sampled_from([3, 16, 64]),
 )
 def test_loss_and_gradients_match_float64_reference(
-    rows, hidden, n_classes, dtype, o, has_bias, has_ce_weight, ignored, chunk
+    rows, hidden, n_classes, dtype, o, has_bias, has_ce_weight, ignored, chunk, class_slice
 ):
     target = make_target(rows, n_classes, ignored, o.ignore_index)
     if o.reduction == "mean" and not (target != o.ignore_index).any():
@@ -138,10 +139,10 @@ def test_loss_and_gradients_match_float64_reference(
     assert_matches_reference(both[0], both[3:3 + len(leaves)], x, weight, target, bias, ce_weight, o,
                              torch.ones_like(loss), "with grads ")  # fmt: skip
     torch.testing.assert_close(both[2], chunked[2], rtol=0, atol=0)
-    # And walking the classes, the drawn size a slice's width.
+    # And walking the classes, class_slice at a time.
     by_classes = launch.backward_by_classes(grad_loss, x.detach(), weight.detach(), target, chunked[2],
-                                            None if bias is None else bias.detach(), ce_weight, o, mask, chunk,
-                                            ce_plan.cuda(rows, chunk))  # fmt: skip
+                                            None if bias is None else bias.detach(), ce_weight, o, mask, class_slice,
+                                            ce_plan.cuda(rows, class_slice))  # fmt: skip
     assert_matches_reference(chunked[0], by_classes, x, weight, target, bias, ce_weight, o, grad_loss, "by classes ")
 
 
