@@ -174,7 +174,7 @@ def test_short_chunks_plan_a_class_walk_in_a_chunks_memory():
 def test_short_chunks_record_the_forward_and_walk_the_classes_in_the_backward(monkeypatch):
     """The one walk is not taken where the backward walks the classes: the forward records the loss alone."""
     n_rows, n_classes, chunk = 12, 200, 4
-    monkeypatch.setenv("CSRC_FREE_OPS_FREE_BYTES", str(plan.FREE_MEMORY_SHARE * n_classes * 4 * chunk))
+    _limit_chunks(monkeypatch, chunk, n_classes, 4)
     walks = _Walks(monkeypatch)
     slices = []
     real = launch.backward_by_classes
@@ -233,12 +233,35 @@ def test_only_the_gradients_asked_for_are_computed():
         assert liger.fused_linear_cross_entropy(x, weight, target)[0].grad_fn is None
 
 
-def test_mixed_dtypes_give_each_gradient_its_inputs_dtype():
-    """bf16 activations with float32 master weights (the matmuls run in bf16)."""
-    x = torch.randn(9, 16, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
-    weight = torch.randn(20, 16, device=DEVICE, requires_grad=True)
-    bias = torch.randn(20, device=DEVICE, requires_grad=True)
-    target = make_target(9, 20, 0.2)
+def _limit_chunks(monkeypatch, rows: int, n_classes: int, itemsize: int) -> None:
+    """Free memory that caps the plan's chunks at ``rows`` rows of logits (plan.chunk_rows)."""
+    monkeypatch.setenv("CSRC_FREE_OPS_FREE_BYTES", str(plan.FREE_MEMORY_SHARE * n_classes * itemsize * rows))
+
+
+# The walks of WALK_ROWS rows, as (classes, rows per chunk): one chunk; chunks of 2 rows walked by rows
+# (12 classes: a slice would be narrower than one tile); chunks of 3 rows whose backward walks 64-class slices.
+WALK_ROWS = 7
+WALKS = {"one chunk": (12, None), "row chunks": (12, 2), "class slices": (200, 3)}
+
+
+def _take_walk(monkeypatch, walk: str, dtype: torch.dtype) -> int:
+    """Makes the plan of WALK_ROWS rows of x in dtype take ``walk``; its class count."""
+    n_classes, chunk = WALKS[walk]
+    if chunk is not None:
+        _limit_chunks(monkeypatch, chunk, n_classes, torch.empty((), dtype=dtype).element_size())
+    p = launch._cuda_plan(torch.empty(WALK_ROWS, 8, dtype=dtype), torch.empty(n_classes, 8))
+    assert (p.chunk_rows, bool(p.class_slice)) == (chunk or WALK_ROWS, walk == "class slices")
+    return n_classes
+
+
+@pytest.mark.parametrize("walk", list(WALKS))
+def test_mixed_dtypes_give_each_gradient_its_inputs_dtype(monkeypatch, walk):
+    """bf16 activations with float32 master weights (the matmuls run in bf16), in every walk."""
+    n_classes = _take_walk(monkeypatch, walk, torch.bfloat16)
+    x = torch.randn(WALK_ROWS, 16, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(n_classes, 16, device=DEVICE, requires_grad=True)
+    bias = torch.randn(n_classes, device=DEVICE, requires_grad=True)
+    target = make_target(WALK_ROWS, n_classes, 0.2)
     loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
     grads = torch.autograd.grad(loss, (x, weight, bias))
     assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
@@ -463,28 +486,19 @@ def test_opcheck(dtype, o):
     torch.library.opcheck(liger.fused_linear_cross_entropy_with_grads.default, args, test_utils=OPCHECK_UTILS)
 
 
-# (classes, rows per chunk): one chunk; chunks of 2 rows walked by rows (12 classes: a slice would be
-# narrower than one tile); chunks of 3 rows whose backward walks 64-class slices.  On CUDA each compiles
-# to the walk's slices and kernels in Inductor's graph.
-COMPILED_WALKS = {"one chunk": (12, None), "row chunks": (12, 2), "class slices": (200, 3)}
-
-
-@pytest.mark.parametrize("walk", list(COMPILED_WALKS))
+@pytest.mark.parametrize("walk", list(WALKS))
 def test_compile_fullgraph_matches_eager(monkeypatch, walk):
-    n_classes, chunk = COMPILED_WALKS[walk]
-    if chunk is not None:
-        monkeypatch.setenv("CSRC_FREE_OPS_FREE_BYTES", str(plan.FREE_MEMORY_SHARE * n_classes * 4 * chunk))
-    p = launch._cuda_plan(torch.empty(7, 8), torch.empty(n_classes, 8))
-    assert (p.chunk_rows, bool(p.class_slice)) == (chunk or 7, walk == "class slices")
+    """On CUDA each walk compiles to its slices and kernels in Inductor's graph."""
+    n_classes = _take_walk(monkeypatch, walk, torch.float32)
 
     def model(h, weight, target):
         return liger.fused_linear_cross_entropy(torch.tanh(h), weight, target, None, None, IGNORE, 0.0, "mean")[0]
 
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
-    h = torch.randn(7, 8, device=DEVICE, requires_grad=True)
+    h = torch.randn(WALK_ROWS, 8, device=DEVICE, requires_grad=True)
     weight = torch.randn(n_classes, 8, device=DEVICE, requires_grad=True)
-    target = make_target(7, n_classes, 0.3)
+    target = make_target(WALK_ROWS, n_classes, 0.3)
     out = compiled(h, weight, target)
     torch.testing.assert_close(out, model(h, weight, target))
     got = torch.autograd.grad(out, (h, weight))
