@@ -254,6 +254,23 @@ def _take_walk(monkeypatch, walk: str, dtype: torch.dtype) -> int:
     return n_classes
 
 
+@pytest.mark.parametrize("backend", ["cuda", "npu"])
+def test_the_forward_takes_gradients_where_its_devices_plan_walks_rows(monkeypatch, backend):
+    """gradients_in_forward asks the plan of x's backend (the NPU's float64 runs the reference: one walk)."""
+    from csrc_free_ops import device
+
+    monkeypatch.setattr(device, "backend_of", lambda t: backend)
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_UB_BYTES", str(192 * 1024))
+    monkeypatch.setenv("CSRC_FREE_OPS_NPU_VECTOR_CORES", "40")
+    for walk, want in (("row chunks", True), ("class slices", False)):
+        n_classes = _take_walk(monkeypatch, walk, torch.float32)
+        x, weight = torch.empty(WALK_ROWS, 8), torch.empty(n_classes, 8)
+        assert launch.gradients_in_forward(x, weight, None) is want, walk
+    n_classes = _take_walk(monkeypatch, "class slices", torch.float64)
+    x, weight = torch.empty(WALK_ROWS, 8, dtype=torch.float64), torch.empty(n_classes, 8, dtype=torch.float64)
+    assert launch.gradients_in_forward(x, weight, None) is (backend == "npu")
+
+
 @pytest.mark.parametrize("walk", list(WALKS))
 def test_mixed_dtypes_give_each_gradient_its_inputs_dtype(monkeypatch, walk):
     """bf16 activations with float32 master weights (the matmuls run in bf16), in every walk."""

@@ -232,20 +232,22 @@ def _size_hint(n: int | torch.SymInt) -> int | None:
     return n if isinstance(n, int) else n.node.hint
 
 
+def _sizes(x: torch.Tensor, weight: torch.Tensor) -> tuple[int | None, int | None, int | None]:
+    """(rows, hidden, classes) as the plans take them: plain ints, a symbolic size's traced value."""
+    return _size_hint(x.shape[0]), _size_hint(x.shape[1]), _size_hint(weight.shape[0])
+
+
 def gradients_in_forward(x: torch.Tensor, weight: torch.Tensor, ce_weight: torch.Tensor | None) -> bool:
     """Whether computing the gradients in the forward walk saves work: the backward's plan for x's device
     walks the rows (its class walk would not reuse the forward's logits).  Symbolic sizes decide by the
     traced example's, without a guard: either answer computes the same gradients."""
     if x.dim() != 2 or weight.dim() != 2:
         return True  # the with-grads op's check names the problem
-    rows, hidden, n_classes = (_size_hint(n) for n in (*x.shape, weight.shape[0]))
-    if rows is None or hidden is None or n_classes is None:
+    if None in _sizes(x, weight):
         return True
     if device.backend_of(x) == "npu":
-        return x.dtype == torch.float64 or not plan.npu(
-            rows, hidden, n_classes, x.element_size(), device.free_bytes(x), ce_weight is not None,
-            device.npu_ub_bytes(), device.npu_vector_cores()).class_slice  # fmt: skip
-    return not plan.cuda(rows, hidden, n_classes, x.element_size(), device.free_bytes(x)).class_slice
+        return x.dtype == torch.float64 or not _npu_plan(x, weight, ce_weight).class_slice
+    return not _cuda_plan(x, weight).class_slice
 
 
 # --- The entries of the dispatch keys
@@ -256,12 +258,12 @@ def _options(ignore_index, label_smoothing, reduction, lse_square_scale, softcap
 
 
 def _cuda_plan(x: torch.Tensor, weight: torch.Tensor) -> Plan:
-    return plan.cuda(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), device.free_bytes(x))
+    return plan.cuda(*_sizes(x, weight), x.element_size(), device.free_bytes(x))
 
 
 def _npu_plan(x: torch.Tensor, weight: torch.Tensor, ce_weight: torch.Tensor | None) -> Plan:
-    return plan.npu(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), device.free_bytes(x),
-                    ce_weight is not None, device.npu_ub_bytes(), device.npu_vector_cores())  # fmt: skip
+    return plan.npu(*_sizes(x, weight), x.element_size(), device.free_bytes(x), ce_weight is not None,
+                    device.npu_ub_bytes(), device.npu_vector_cores())  # fmt: skip
 
 
 def cuda_forward(x, weight, target, bias, ce_weight, *options):
