@@ -71,8 +71,9 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   ValueError (in place, nothing can be redistributed).
 * fused_linear_cross_entropy: x and target S(0), weight, bias and
   ce_weight R -> as cross_entropy; backward grad_x S(0) (R when the mask
-  leaves it out: an empty tensor), grad_weight and grad_bias P; the with-grads op as both (its gradients are for a unit
-  grad_loss, each shard's for its own rows).  An LM head sharded over the
+  leaves it out: an empty tensor), grad_weight and grad_bias P; the
+  with-grads op as both (its gradients are for a unit grad_loss, each
+  shard's for its own rows).  An LM head sharded over the
   vocabulary (weight S(0), as tensor parallelism's ColwiseParallel leaves
   it) is gathered first: right, but without vocabulary-parallel memory
   savings.
@@ -154,6 +155,11 @@ def _replicated(op: torch._ops.OpOverload, arguments: list[tuple[str, object]], 
     return outputs, [R if isinstance(v, DTensorSpec) else None for _, v in arguments]
 
 
+def _loss_grads(a: dict) -> list[bool]:
+    """Which of the fused loss's (grad_x, grad_weight, grad_bias) output_mask asks for (no bias, no grad_bias)."""
+    return [m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])]
+
+
 # Which outputs exist (None where the op returns None), per op, from its arguments.
 _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     POLY_NORM: lambda a: [True],
@@ -169,12 +175,9 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     GEGLU: lambda a: [True],
     GEGLU_BACKWARD: lambda a: [True, True],
     FUSED_LINEAR_CROSS_ENTROPY: lambda a: [True, True, True],
-    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [  # grad_x is an empty tensor where the mask leaves it out
-        i == 0 or (m and (i != 2 or a.get("bias") is not None)) for i, m in enumerate(a["output_mask"])
-    ],
-    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: lambda a: (
-        [True, True, True] + [m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])]
-    ),
+    # the backward op's grad_x is an empty tensor where the mask leaves it out
+    FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [True, *_loss_grads(a)[1:]],
+    FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: lambda a: [True, True, True, *_loss_grads(a)],
     RMS_NORM: lambda a: [True],
     RMS_NORM_BACKWARD: lambda a: [True, a.get("weight")],
     LAYER_NORM: lambda a: [True],
@@ -363,18 +366,21 @@ def _fused_linear_cross_entropy(a: dict) -> list:
     return [([loss, loss, Shard(0)], rows) for loss in _loss_rows(a)]
 
 
+def _loss_grad_placements(a: dict) -> list:
+    """grad_x's rows S(0), grad_weight and grad_bias P (sums over the shards' rows); None where not asked for."""
+    return [p if present else None for p, present in zip((Shard(0), P, P), _loss_grads(a), strict=True)]
+
+
 def _fused_linear_cross_entropy_backward(a: dict) -> list:
     rows = {"x": Shard(0), "target": Shard(0), "lse": Shard(0), "weight": R, "bias": R, "ce_weight": R}
-    mask = _OUTPUTS[FUSED_LINEAR_CROSS_ENTROPY_BACKWARD](a)
-    outputs = [Shard(0) if a["output_mask"][0] else R, P if mask[1] else None, P if mask[2] else None]
+    grad_x, *param_grads = _loss_grad_placements(a)
+    outputs = [R if grad_x is None else grad_x, *param_grads]  # grad_x left out: a replicated empty tensor
     return [(outputs, {"grad_loss": loss if loss == Shard(0) else R, **rows}) for loss in _loss_rows(a)]
 
 
 def _fused_linear_cross_entropy_with_grads(a: dict) -> list:
     rows = {"x": Shard(0), "target": Shard(0), "weight": R, "bias": R, "ce_weight": R}
-    mask = _OUTPUTS[FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS](a)[3:]
-    grads = [Shard(0) if mask[0] else None, P if mask[1] else None, P if mask[2] else None]
-    return [([loss, loss, Shard(0), *grads], rows) for loss in _loss_rows(a)]
+    return [([loss, loss, Shard(0), *_loss_grad_placements(a)], rows) for loss in _loss_rows(a)]
 
 
 # ---------------------------------------------------------------------------
