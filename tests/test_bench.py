@@ -838,6 +838,28 @@ def test_probe_rms_norm_wide_candidates_match_the_float64_reference(monkeypatch)
     assert {(b, whole) for b, _, whole in names} == {(False, True), (False, False), (True, True), (True, False)}
 
 
+def test_table_probes_share_one_command_line(monkeypatch, tmp_path, capsys):
+    """--out and --rep reach the probe's table, head and body land in --out; without CUDA, 2 and nothing run."""
+    from bench.lab import probe_flce_chunks, probe_glu_tiles, probe_rms_norm_wide
+    from bench.lab.probe_group_norm import run_table_probe
+
+    seen = []
+
+    def table(rep):
+        seen.append(rep)
+        return ["# head", ""], ["| row |"]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run_table_probe("bench.lab.x", "Doc.", "x.md", 7, [], table) == 2 and not seen
+    assert "needs a CUDA device" in capsys.readouterr().err
+    for probe in (probe_flce_chunks, probe_glu_tiles, probe_rms_norm_wide):
+        assert probe.main([]) == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    out = tmp_path / "t.md"
+    assert run_table_probe("bench.lab.x", "Doc.", "x.md", 7, ["--out", str(out), "--rep", "3"], table) == 0
+    assert seen == [3] and out.read_text() == "# head\n\n| row |\n"
+
+
 @pytest.mark.parametrize("name", ["swiglu", "geglu"])
 def test_probe_glu_tiles_candidates_and_compiled_formula_match_the_float64_reference(name):
     """Every tile the GLU probe times computes the op, and the formula it compiles as the rival is the op's."""

@@ -35,13 +35,10 @@ by GPU time (torch.profiler), which says which matmul a chunk height costs.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import torch
 import torch.nn.functional as F
 
-from bench.lab.probe_group_norm import do_bench_ms
+from bench.lab.probe_group_norm import do_bench_ms, run_table_probe
 
 # (BT, H, V): Llama B8 S512 and B2 S4096 at 32k, Llama 3's vocabulary at B2 S4096 (bench.steps' shapes)
 SHAPES = ((4096, 2048, 32000), (8192, 2048, 32000), (8192, 2048, 128256))
@@ -206,26 +203,21 @@ def probe(shape: tuple[int, int, int], rep: int) -> tuple[list[str], list[str]]:
     return rows, notes
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.lab.probe_flce_chunks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="probe_flce_chunks.md")
-    p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
-        return 2
+def _table(rep: int) -> tuple[list[str], list[str]]:
     head = [f"# fused_linear_cross_entropy chunk heights: {torch.cuda.get_device_name()}, bf16, fwd+bwd", "",
             "| shape | candidate | loss - plan's | ms | peak MB |", "|---|---|---|---|---|"]  # fmt: skip
     print("\n".join(head), flush=True)
-    lines, notes = list(head), ["", "The shipped plan's kernels by GPU time, one forward + backward:", ""]
+    lines, notes = [], ["", "The shipped plan's kernels by GPU time, one forward + backward:", ""]
     for shape in SHAPES:
-        rows, kernel_notes = probe(shape, args.rep)
+        rows, kernel_notes = probe(shape, rep)
         lines += rows
         notes += kernel_notes
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines + notes) + "\n")
     print("\n".join(notes), flush=True)
-    return 0
+    return head, lines + notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_table_probe("bench.lab.probe_flce_chunks", __doc__, "probe_flce_chunks.md", 200, argv, _table)
 
 
 if __name__ == "__main__":

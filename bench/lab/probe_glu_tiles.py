@@ -25,12 +25,9 @@ directions, if it beats compile's.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import torch
 
-from bench.lab.probe_group_norm import graph_ms, max_rel_error
+from bench.lab.probe_group_norm import graph_ms, max_rel_error, run_table_probe
 
 ROWS = 16384
 WIDTHS = (14336, 24576)
@@ -135,21 +132,15 @@ def probe(name: str, n_cols: int, rep: int) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.lab.probe_glu_tiles", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="probe_glu_tiles.md")
-    p.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
-        return 2
+def _table(rep: int) -> tuple[list[str], list[str]]:
     head = [f"# swiglu / geglu tiles: {torch.cuda.get_device_name()}, T={ROWS}, bf16, contiguous", "",
             "| op | F | dir | candidate | ok | graph us | TB/s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     print("\n".join(head), flush=True)
-    lines = head + [line for name in ACTIVATIONS for n_cols in WIDTHS for line in probe(name, n_cols, args.rep)]
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return 0
+    return head, [line for name in ACTIVATIONS for n_cols in WIDTHS for line in probe(name, n_cols, rep)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_table_probe("bench.lab.probe_glu_tiles", __doc__, "probe_glu_tiles.md", 50, argv, _table)
 
 
 if __name__ == "__main__":

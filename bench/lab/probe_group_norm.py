@@ -33,6 +33,7 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,26 @@ def do_bench_ms(fn, rep: int) -> float:
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=10, rep=rep, return_mode="median"))
+
+
+def run_table_probe(
+    module: str, doc: str, out: str, rep: int, argv: list[str] | None,
+    table: Callable[[int], tuple[list[str], list[str]]],
+) -> int:  # fmt: skip
+    """A markdown-table probe's command line and run: ``python -m <module> [--out OUT] [--rep MS]``.
+    ``table(rep)`` gives (head, body), printing rows as it measures them; both go to --out.  2 without
+    a CUDA device."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
+    p.add_argument("--out", default=out)
+    p.add_argument("--rep", type=int, default=rep, help="do_bench rep (ms)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    head, body = table(args.rep)
+    with open(args.out, "w") as f:
+        f.write("\n".join(head + body) + "\n")
+    return 0
 
 
 def graph_ms(fn, rep: int) -> float:

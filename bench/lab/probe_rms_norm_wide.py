@@ -25,12 +25,9 @@ what ``_cuda_warps`` must give for that tile.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import torch
 
-from bench.lab.probe_group_norm import graph_ms, max_rel_error
+from bench.lab.probe_group_norm import graph_ms, max_rel_error, run_table_probe
 
 ROWS = 2048
 WIDTHS = (8192, 16384, 32768)
@@ -101,22 +98,16 @@ def probe(n_cols: int, sms: int, rep: int) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.lab.probe_rms_norm_wide", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="probe_rms_norm_wide.md")
-    p.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
-        return 2
+def _table(rep: int) -> tuple[list[str], list[str]]:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     head = [f"# rms_norm wide rows: {torch.cuda.get_device_name()}, {sms} SMs, {ROWS} rows, bf16", "",
             "| H | dir | candidate | ok | graph us | TB/s |", "|---|---|---|---|---|---|"]  # fmt: skip
     print("\n".join(head), flush=True)
-    lines = head + [line for n_cols in WIDTHS for line in probe(n_cols, sms, args.rep)]
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return 0
+    return head, [line for n_cols in WIDTHS for line in probe(n_cols, sms, rep)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_table_probe("bench.lab.probe_rms_norm_wide", __doc__, "probe_rms_norm_wide.md", 50, argv, _table)
 
 
 if __name__ == "__main__":
