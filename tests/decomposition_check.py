@@ -13,15 +13,19 @@ import logging
 import os
 
 os.environ.setdefault("CSRC_FREE_OPS_NUM_SMS", "132")
+os.environ.setdefault("CSRC_FREE_OPS_FREE_BYTES", str(40 << 30))  # the fused loss's plan: an H100's free memory
 
 import torch  # noqa: E402
 from torch._functorch.aot_autograd import aot_function  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
+import triton  # noqa: E402
+
 import csrc_free_ops  # noqa: E402, F401
 from csrc_free_ops.group_norm import launch as group_norm_launch  # noqa: E402
 from csrc_free_ops.group_norm.residency import CudaDevice  # noqa: E402
 from registrations import _library  # noqa: E402
+from tests.cuda_compile_check import _Sm90Driver  # noqa: E402
 
 # Without a GPU: no device properties (no one-pass group_norm plans), and Triton has no driver to
 # analyse which tensors a kernel writes (torch then assumes all, and says so at WARNING).
@@ -84,8 +88,28 @@ def _larger_inputs() -> tuple:
     )  # fmt: skip
 
 
-def trace(decompose: bool = True, fn=_every_op, inputs=_inputs) -> dict:
-    """Liger ops and kernel wrappers in the forward graph of ``fn``."""
+def _losses(x, head, target, logits):
+    """The fused loss over several row chunks (the forward alone, as where the backward walks the
+    classes, and with its gradients), its backward op, and cross_entropy on given logits."""
+    options = (-100, 0.0, "mean", 0.0, None)
+    loss, _, lse = torch.ops.liger.fused_linear_cross_entropy(x, head, target, None, None, *options)
+    with_grads = torch.ops.liger.fused_linear_cross_entropy_with_grads(x, head, target, None, None, *options,
+                                                                      [True, True, False])  # fmt: skip
+    grads = torch.ops.liger.fused_linear_cross_entropy_backward(loss, x, head, target, lse, None, None, *options,
+                                                                [True, True, False])  # fmt: skip
+    ce = torch.ops.liger.cross_entropy(logits, target.narrow(0, 0, 64), None, *options)
+    return (loss, *with_grads[:2], with_grads[3], *grads[:2], ce[0])
+
+
+def _loss_inputs() -> tuple:
+    dev, bf16 = "cuda", torch.bfloat16  # Llama B8 S512's head: 16 chunks of 256 rows
+    return (
+        torch.randn(4096, 2048, device=dev, dtype=bf16), torch.randn(32000, 2048, device=dev, dtype=bf16),
+        torch.randint(0, 32000, (4096,), device=dev), torch.randn(64, 32000, device=dev, dtype=bf16),
+    )  # fmt: skip
+
+
+def _forward_graph(fn, inputs, decompose: bool = True):
     graphs = []
 
     def record(gm, example_inputs):
@@ -97,11 +121,46 @@ def trace(decompose: bool = True, fn=_every_op, inputs=_inputs) -> dict:
             aot_function(fn, fw_compiler=record)(*inputs())
         except _Traced:
             pass
-    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    return graphs[0]
+
+
+def trace(decompose: bool = True, fn=_every_op, inputs=_inputs) -> dict:
+    """Liger ops and kernel wrappers in the forward graph of ``fn``."""
+    targets = [str(n.target) for n in _forward_graph(fn, inputs, decompose).graph.nodes if n.op == "call_function"]
     return {
         "liger": sorted(t for t in targets if t.startswith("liger.")),
         "kernels": sum("triton_kernel_wrapper" in t for t in targets),
     }
+
+
+def _part_of_larger(node) -> bool:
+    """node's value is a view covering only part of its storage (a slice, not a transpose of it all)."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not getattr(getattr(node, "target", None), "is_view", False):
+        return False
+    return value.numel() * value.element_size() < value.untyped_storage().nbytes()
+
+
+def views_written(fn, inputs) -> list[str]:
+    """The kernel arguments a traced launch writes that are views of part of a larger tensor
+    (torch's analysis of each kernel says which it writes; the sm_90 driver stands in for a GPU's).
+    A write into a view becomes a clone and a scatter back into its base per launch, a pattern
+    Inductor has compiled into reads past a buffer's end."""
+    driver = triton.runtime.driver
+    real = driver._active
+    driver.set_active(_Sm90Driver(real))
+    try:
+        graph = _forward_graph(fn, inputs).graph
+    finally:
+        driver._active = real
+    found = []
+    for node in graph.nodes:
+        if node.op == "call_function" and "triton_kernel_wrapper" in str(node.target):
+            for name in node.kwargs.get("tensors_to_clone", []):
+                source = node.kwargs["kwargs"][name]
+                if _part_of_larger(source):
+                    found.append(f"{node.kwargs['kernel_idx']}:{name} <- {source.target}")
+    return found
 
 
 def main() -> None:
@@ -109,6 +168,11 @@ def main() -> None:
         "decomposed": trace(),
         "opaque": trace(decompose=False),
         "larger": trace(fn=_larger_and_options, inputs=_larger_inputs),
+        "losses": trace(fn=_losses, inputs=_loss_inputs),
+        "views_written": [
+            *views_written(_every_op, _inputs), *views_written(_larger_and_options, _larger_inputs),
+            *views_written(_losses, _loss_inputs),
+        ],
     }))  # fmt: skip
 
 

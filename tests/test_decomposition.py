@@ -41,6 +41,12 @@ def test_traced_graph_holds_the_kernels_and_no_liger_op():
     assert found["decomposed"] == {"liger": [], "kernels": 9}
     # group_norm 1 + its backward 2, poly_norm's backward 2 (partials, then their reduction), rope 4 calls
     assert found["larger"] == {"liger": [], "kernels": 9}
+    # the fused loss at 16 chunks of 256 rows: forward 16 launches, with its gradients 32 (2 a chunk), the
+    # backward op's class walk 17 (32000 classes in slices of 1984); cross_entropy 1
+    assert found["losses"] == {"liger": [], "kernels": 16 + 32 + 17 + 1}
+    # A launch that writes into part of a larger buffer becomes a clone and a scatter back per launch:
+    # the compiled Llama step's illegal access was Inductor reading past such a clone's end.
+    assert found["views_written"] == []
     opaque = found["opaque"]
     assert opaque["kernels"] == 0
     assert sorted(set(opaque["liger"])) == [

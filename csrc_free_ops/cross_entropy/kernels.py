@@ -10,6 +10,11 @@ column blocks of BLOCK_N:
   exponentials per block) gives lse; with the target's logit and, under
   label smoothing, the (weighted) sum of the logits it stores the row's loss,
   z-loss and lse in COMPUTE.  Rows whose target is ignore_index store 0.
+  Logits row r is row ``first_row + r`` of target and the outputs: a chunk
+  of fused_linear_cross_entropy writes into the whole buffers, never into
+  a view of them (under torch.compile a kernel's write into a slice becomes
+  a clone and a slice_scatter per chunk, a pattern Inductor has compiled
+  into reads past a buffer's end).
 * ``backward_kernel``: from the forward's lse, one pass writes the logits'
   gradient, scaled per row by ``ce_scale`` and ``z_scale`` (a stride of 0
   broadcasts a scalar).  IN_PLACE writes it over the logits (the chunk
@@ -57,7 +62,7 @@ def _row_target(target, row, n_cols, ignore_index):
 @triton.jit
 def forward_kernel(
     logits, target, weight, weight_sum, loss, z_loss, lse,
-    stride_row, n_rows, n_cols, ignore_index,
+    stride_row, first_row, n_rows, n_cols, ignore_index,
     LABEL_SMOOTHING: tl.constexpr, LSE_SQUARE_SCALE: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
@@ -67,7 +72,8 @@ def forward_kernel(
     cols0 = tl.arange(0, BLOCK_N)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
-        y, valid, bad = _row_target(target, row64, n_cols, ignore_index)
+        at = first_row + row64  # the row's place in target and the per-row outputs
+        y, valid, bad = _row_target(target, at, n_cols, ignore_index)
         row_loss = tl.zeros([], COMPUTE)
         row_z = tl.zeros([], COMPUTE)
         row_lse = tl.zeros([], COMPUTE)
@@ -106,9 +112,9 @@ def forward_kernel(
             nan = tl.full([], float("nan"), COMPUTE)
             row_loss = tl.where(bad, nan, row_loss)
             row_z = tl.where(bad, nan, row_z)
-        tl.store(loss + row64, row_loss)
-        tl.store(z_loss + row64, row_z)
-        tl.store(lse + row64, row_lse)
+        tl.store(loss + at, row_loss)
+        tl.store(z_loss + at, row_z)
+        tl.store(lse + at, row_lse)
 
 
 @triton.jit

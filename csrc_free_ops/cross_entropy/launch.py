@@ -95,17 +95,19 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 def forward_rows(
     logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, w_sum: torch.Tensor, o: Options,
-    p: Plan, loss: torch.Tensor, z_loss: torch.Tensor, lse: torch.Tensor,
+    p: Plan, loss: torch.Tensor, z_loss: torch.Tensor, lse: torch.Tensor, first_row: int = 0,
 ) -> None:  # fmt: skip
-    """Each row's loss, z-loss and lse (COMPUTE, ignored rows 0) into the given (rows,) buffers."""
+    """Each row's loss, z-loss and lse (COMPUTE, ignored rows 0) into the given buffers: logits row r
+    is row first_row + r of target, loss, z_loss and lse."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
     compute = _compute(logits)[0]
     w = weight if weight is not None else placeholder(lse)
     _forward_launcher(_kernel_options(o), weight is not None, p, compute)(
-        p.programs, logits, target, w, w_sum, loss, z_loss, lse, logits.stride(0), n_rows, n_cols, o.ignore_index
-    )
+        p.programs, logits, target, w, w_sum, loss, z_loss, lse, logits.stride(0), first_row, n_rows, n_cols,
+        o.ignore_index,
+    )  # fmt: skip
 
 
 def row_scales(

@@ -53,6 +53,11 @@ def _logits(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) 
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
 
+def _part(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """t's rows start:end as a view (narrow: one op call, where indexing takes Python's slower path)."""
+    return t.narrow(0, start, end - start)
+
+
 def _accumulate(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """acc + a @ b, kept in dtype (the weight's: float32 master weights beside
     bf16 activations accumulate in float32); the first chunk writes it."""
@@ -90,9 +95,11 @@ def _gradients(grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, t
 def _rows_gradient(g: torch.Tensor, gr: _Gradients, ce_weight: torch.Tensor | None, lse: torch.Tensor, start: int,
                    end: int, o: Options, ce_p: ce_plan.Plan) -> None:  # fmt: skip
     """Rows start:end's logits g turned into their gradient in place."""
-    rows = slice(start, end) if gr.stride else slice(None)
-    ce.backward_rows(g, gr.target[start:end], ce_weight, gr.w_sum, lse[start:end], gr.ce_scale[rows],
-                     gr.z_scale[rows], gr.stride, o, ce_p, None)  # fmt: skip
+    ce_scale, z_scale = (
+        (_part(s, start, end) for s in (gr.ce_scale, gr.z_scale)) if gr.stride else (gr.ce_scale, gr.z_scale)
+    )
+    ce.backward_rows(g, _part(gr.target, start, end), ce_weight, gr.w_sum, _part(lse, start, end), ce_scale,
+                     z_scale, gr.stride, o, ce_p, None)  # fmt: skip
 
 
 def forward(
@@ -106,9 +113,8 @@ def forward(
     loss, z_loss, lse = (torch.empty(n_rows, dtype=ct, device=x.device) for _ in range(3))
     w_sum = ce.weight_sum(ce_weight, o, ct, lse)
     for start, end in plan.chunks(n_rows, p.chunk_rows):
-        logits = _logits(x[start:end], weight_t, bias)
-        ce.forward_rows(logits, target[start:end], ce_weight, w_sum, o, p.ce,
-                        loss[start:end], z_loss[start:end], lse[start:end])  # fmt: skip
+        logits = _logits(_part(x, start, end), weight_t, bias)
+        ce.forward_rows(logits, target, ce_weight, w_sum, o, p.ce, loss, z_loss, lse, start)
         del logits  # freed before the next chunk's is allocated: one chunk's buffer at a time
     out_loss, out_z = ce.reduce_rows(loss, z_loss, target, ce_weight, o, ct)
     return out_loss, out_z, lse
@@ -128,7 +134,7 @@ class _GradSums:
             weight_dtype: torch.dtype, ct: torch.dtype) -> None:  # fmt: skip
         """One chunk's logits gradient g (rows start:end) into the sums."""
         if self.need_x:
-            torch.mm(g, matmul_weight, out=self.grad_x[start:end])
+            torch.mm(g, matmul_weight, out=_part(self.grad_x, start, end))
         if self.need_weight:
             self.grad_weight = _accumulate(self.grad_weight, g.t(), x_chunk, weight_dtype)
         if self.need_bias:
@@ -161,7 +167,7 @@ def backward(
     gr = _gradients(grad_loss, x, weight, target, bias, ce_weight, o, lse)
     sums = _GradSums(x, bias, output_mask)
     for start, end in plan.chunks(x.shape[0], p.chunk_rows):
-        x_chunk = x[start:end]
+        x_chunk = _part(x, start, end)
         g = _logits(x_chunk, gr.matmul_weight.t(), gr.matmul_bias)
         _rows_gradient(g, gr, ce_weight, lse, start, end, o, p.ce)
         sums.add(g, x_chunk, gr.matmul_weight, start, end, weight.dtype, gr.ct)
@@ -186,19 +192,19 @@ def backward_by_classes(
     grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_weight else None
     grad_bias = torch.empty_like(bias, dtype=gr.ct) if need_bias else None
     for start, end in plan.chunks(n_classes, class_slice):
-        w_slice = gr.matmul_weight[start:end]
-        g = _logits(x, w_slice.t(), None if gr.matmul_bias is None else gr.matmul_bias[start:end])
+        w_slice = _part(gr.matmul_weight, start, end)
+        g = _logits(x, w_slice.t(), None if gr.matmul_bias is None else _part(gr.matmul_bias, start, end))
         ce.backward_rows(g, gr.target, ce_weight, gr.w_sum, lse, gr.ce_scale, gr.z_scale, gr.stride, o, ce_p, None,
                          (start, n_classes))  # fmt: skip
         if need_weight:
             if g.dtype == weight.dtype:  # written in place: a row slice is contiguous
-                torch.mm(g.t(), x, out=grad_weight[start:end])
+                torch.mm(g.t(), x, out=_part(grad_weight, start, end))
             else:
-                grad_weight[start:end] = torch.mm(g.t(), x)
+                _part(grad_weight, start, end).copy_(torch.mm(g.t(), x))
         if need_x:
             grad_x.addmm_(g, w_slice)
         if need_bias:
-            grad_bias[start:end] = g.sum(0, dtype=gr.ct)
+            torch.sum(g, 0, dtype=gr.ct, out=_part(grad_bias, start, end))
         del g
     return grad_x, grad_weight, None if grad_bias is None else grad_bias.to(bias.dtype)
 
@@ -216,10 +222,9 @@ def forward_with_grads(
     gr = _gradients(unit, x, weight, target, bias, ce_weight, o, lse)
     sums = _GradSums(x, bias, output_mask)
     for start, end in plan.chunks(n_rows, p.chunk_rows):
-        x_chunk = x[start:end]
+        x_chunk = _part(x, start, end)
         g = _logits(x_chunk, gr.matmul_weight.t(), gr.matmul_bias)
-        ce.forward_rows(g, gr.target[start:end], ce_weight, gr.w_sum, o, p.ce, loss[start:end], z_loss[start:end],
-                        lse[start:end])  # fmt: skip
+        ce.forward_rows(g, gr.target, ce_weight, gr.w_sum, o, p.ce, loss, z_loss, lse, start)
         _rows_gradient(g, gr, ce_weight, lse, start, end, o, p.ce)
         sums.add(g, x_chunk, gr.matmul_weight, start, end, weight.dtype, ct)
         del g
