@@ -151,8 +151,13 @@ def _rule(
 
 
 def _replicated(op: torch._ops.OpOverload, arguments: list[tuple[str, object]], by_name: dict) -> Sharding:
-    outputs = [None if o is None else R for o in _OUTPUTS[op](by_name)]
+    outputs = [R if _present(o) else None for o in _OUTPUTS[op](by_name)]
     return outputs, [R if isinstance(v, DTensorSpec) else None for _, v in arguments]
+
+
+def _present(output: object) -> bool:
+    """An _OUTPUTS entry: True or the argument the output goes with (a spec) where it exists."""
+    return output is not None and output is not False
 
 
 def _loss_grads(a: dict) -> list[bool]:
@@ -160,7 +165,8 @@ def _loss_grads(a: dict) -> list[bool]:
     return [m and (i != 2 or a.get("bias") is not None) for i, m in enumerate(a["output_mask"])]
 
 
-# Which outputs exist (None where the op returns None), per op, from its arguments.
+# Which outputs exist, per op, from its arguments: True or the argument an output goes with where it
+# exists, None or False where the op returns None (_present).
 _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     POLY_NORM: lambda a: [True],
     POLY_NORM_BACKWARD: lambda a: [True, True, True],
@@ -219,7 +225,7 @@ def _row_norm(a: dict) -> list:
 
 def _row_norm_backward(op: torch._ops.OpOverload) -> Callable[[dict], list]:
     def shardings(a: dict) -> list:
-        outputs = [P if present else None for present in _OUTPUTS[op](a)[1:]]
+        outputs = [P if _present(o) else None for o in _OUTPUTS[op](a)[1:]]
         inputs = {"weight": R, "bias": R}
         return [([Shard(d), *outputs], {"grad_out": Shard(d), "x": Shard(d), **inputs}) for d in range(a["x"].ndim - 1)]
 

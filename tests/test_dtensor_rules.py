@@ -263,6 +263,28 @@ def test_an_argument_a_rule_does_not_know_leaves_only_replication(mesh):
     assert only == [([R, R], [R, R, R, R, R])]
 
 
+def test_an_output_the_op_leaves_out_has_no_placement_in_any_sharding(mesh):
+    """Every sharding, the fully replicated one included, places None where the op returns None:
+    torch 2.11's DTensor refuses a placement without an output to go with it."""
+    x, head, rows = _spec(mesh, (8, 8), Shard(0)), _spec(mesh, (12, 8), R), _spec(mesh, (8,), Shard(0))
+    options = (-100, 0.0, "sum", 0.0, None)  # rows sharded: a mean has only the replicated sharding
+    for op, args, absent in (
+        (liger.fused_linear_cross_entropy_backward.default,
+         (_spec(mesh, (), R), x, head, rows, rows, None, None, *options, [True, True, False]), (2,)),
+        (liger.fused_linear_cross_entropy_backward.default,
+         (_spec(mesh, (), R), x, head, rows, rows, _spec(mesh, (12,), R), None, *options, [True, False, False]),
+         (1, 2)),
+        (liger.fused_linear_cross_entropy_with_grads.default,
+         (x, head, rows, None, None, *options, [True, True, True]), (5,)),
+        (liger.rope.default, (_spec(mesh, (8, 8, 12, 16), Shard(0)), None, _spec(mesh, (12, 16), R),
+                              _spec(mesh, (12, 16), R)), (1,)),
+    ):  # fmt: skip
+        shardings = sharding.RULES[op](*args)
+        assert len(shardings) > 1, op
+        for outputs, _ in shardings:
+            assert [i for i, p in enumerate(outputs) if p is None] == list(absent), (op, outputs)
+
+
 @pytest.mark.parametrize(
     "q_at,ids_shape,ids_at,mrope",
     [
