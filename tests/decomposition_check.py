@@ -16,10 +16,9 @@ os.environ.setdefault("CSRC_FREE_OPS_NUM_SMS", "132")
 os.environ.setdefault("CSRC_FREE_OPS_FREE_BYTES", str(40 << 30))  # the fused loss's plan: an H100's free memory
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 from torch._functorch.aot_autograd import aot_function  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-
-import triton  # noqa: E402
 
 import csrc_free_ops  # noqa: E402, F401
 from csrc_free_ops.group_norm import launch as group_norm_launch  # noqa: E402
