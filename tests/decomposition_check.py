@@ -100,6 +100,29 @@ def _losses(x, head, target, logits):
     return (loss, *with_grads[:2], with_grads[3], *grads[:2], ce[0])
 
 
+def _row_norms_and_glu(x, wide, w, w_wide, gate, up):
+    """The row norms at a hidden size and at a wide row (the column-blocked kernels), with their
+    backward ops, and the gated MLP's two ops with theirs."""
+    grads = []
+    for h, weight in ((x, w), (wide, w_wide)):
+        bias = weight + 1  # a tensor of its own: one tensor in two parameters keeps the op opaque
+        grads += torch.ops.liger.rms_norm_backward(h * 2, h, weight, 1e-6)
+        grads += torch.ops.liger.layer_norm_backward(h * 2, h, weight, bias, 1e-5)
+        grads += [torch.ops.liger.rms_norm(h, weight, 1e-6), torch.ops.liger.layer_norm(h, weight, bias, 1e-5)]
+    grads += [torch.ops.liger.swiglu(gate, up), *torch.ops.liger.swiglu_backward(gate * 2, gate, up)]
+    grads += [torch.ops.liger.geglu(gate, up), *torch.ops.liger.geglu_backward(gate * 2, gate, up)]
+    return tuple(grads)
+
+
+def _row_norm_and_glu_inputs() -> tuple:
+    dev, bf16 = "cuda", torch.bfloat16
+    return (
+        torch.randn(4096, 2048, device=dev, dtype=bf16), torch.randn(64, 32768, device=dev, dtype=bf16),
+        torch.randn(2048, device=dev), torch.randn(32768, device=dev),
+        torch.randn(4096, 5632, device=dev, dtype=bf16), torch.randn(4096, 5632, device=dev, dtype=bf16),
+    )  # fmt: skip
+
+
 def _loss_inputs() -> tuple:
     dev, bf16 = "cuda", torch.bfloat16  # Llama B8 S512's head: 16 chunks of 256 rows
     return (
@@ -168,9 +191,10 @@ def main() -> None:
         "opaque": trace(decompose=False),
         "larger": trace(fn=_larger_and_options, inputs=_larger_inputs),
         "losses": trace(fn=_losses, inputs=_loss_inputs),
+        "row_norms_and_glu": trace(fn=_row_norms_and_glu, inputs=_row_norm_and_glu_inputs),
         "views_written": [
             *views_written(_every_op, _inputs), *views_written(_larger_and_options, _larger_inputs),
-            *views_written(_losses, _loss_inputs),
+            *views_written(_losses, _loss_inputs), *views_written(_row_norms_and_glu, _row_norm_and_glu_inputs),
         ],
     }))  # fmt: skip
 

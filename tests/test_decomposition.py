@@ -44,6 +44,8 @@ def test_traced_graph_holds_the_kernels_and_no_liger_op():
     # the fused loss at 16 chunks of 256 rows: forward 16 launches, with its gradients 32 (2 a chunk), the
     # backward op's class walk 17 (32000 classes in slices of 1984); cross_entropy 1
     assert found["losses"] == {"liger": [], "kernels": 16 + 32 + 17 + 1}
+    # the row norms (a hidden size and a wide, column-blocked row) and the gated MLP, each direction
+    assert found["row_norms_and_glu"]["liger"] == [] and found["row_norms_and_glu"]["kernels"] >= 12
     # A launch that writes into part of a larger buffer becomes a clone and a scatter back per launch:
     # the compiled Llama step's illegal access was Inductor reading past such a clone's end.
     assert found["views_written"] == []

@@ -77,7 +77,7 @@ for step in "$@"; do
         --modes compile --providers liger --quick --rounds 1 --out "$RESULTS/$step"
       # the Inductor module the traceback names: the failing kernel's source and its buffers' origins
       code=$(grep -o '/tmp/torchinductor_[^"]*\.py' "$RESULTS/$step.log" | tail -1)
-      if [ -n "$code" ]; then mkdir -p "$RESULTS/$step" && cp "$code" "$RESULTS/$step/output_code.py"; fi ;;
+      if [ -n "$code" ]; then mkdir -p "$RESULTS/$step" && cp "$code" "$RESULTS/$step/output_code.txt"; fi ;;
     steps_llm_memory)
       run_step steps_llm_memory python3 -m bench.steps --models llama --modes eager --quick --rounds 1 --memory-peak \
         --out "$RESULTS/steps_llm_memory" ;;
