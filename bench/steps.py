@@ -2,7 +2,7 @@
 
     python -m bench.steps [--models unet,vae,resnet,llama,qwen2,llama3] [--providers native,upstream,liger]
                           [--modes eager,compile,reduce-overhead] [--layout contiguous,channels_last]
-                          [--rounds 7] [--steps 5] [--warmup 3] [--all-shapes] [--quick]
+                          [--rounds 7] [--steps 5] [--warmup 3] [--all-shapes] [--quick] [--shapes 2x4096]
                           [--device cuda|cpu] [--tiny] [--host-profile] [--out bench/out/steps]
 
 One step: ``loss = f(model, batch)`` (forward and loss, see bench/step_models.py),
@@ -491,6 +491,8 @@ def _error_line(stderr: str) -> str:
 
 def shapes_for(model: str, args) -> tuple[tuple[int, ...], ...]:
     case = CASES[model]
+    if args.shapes:
+        return _chosen_shapes(model, args.shapes)
     if args.tiny:
         return case.tiny
     if args.quick:
@@ -639,6 +641,23 @@ def kernel_table(records: list[dict[str, Any]]) -> str:
     )
 
 
+def _shape_list(text: str) -> tuple[tuple[int, ...], ...]:
+    """'2x4096,8x512' -> ((2, 4096), (8, 512))."""
+    try:
+        shapes = tuple(tuple(int(n) for n in item.split("x")) for item in text.split(",") if item.strip())
+    except ValueError:
+        shapes = ()
+    if not shapes or any(n < 1 for shape in shapes for n in shape):
+        raise argparse.ArgumentTypeError(f"shapes {text!r}: positive sizes joined by x, shapes by commas (2x4096)")
+    return shapes
+
+
+def _chosen_shapes(model: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """The --shapes a model takes: those among its full-size and extra shapes (what its config is sized for)."""
+    known = CASES[model].shapes + EXTRA_SHAPES.get(model, ())
+    return tuple(shape for shape in shapes if shape in known)
+
+
 def _csv(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         items = [s.strip() for s in text.split(",") if s.strip()]
@@ -672,6 +691,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps (compilation included)")
     p.add_argument("--all-shapes", action="store_true", help="add " + str(EXTRA_SHAPES))
     p.add_argument("--quick", action="store_true", help="one shape per model, 3 rounds")
+    p.add_argument(
+        "--shapes", type=_shape_list, default=None,
+        help="only these of each model's shapes, e.g. 2x4096 (LLMs: batch x sequence); a model with none is an error",
+    )  # fmt: skip
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny configs of every model (the CPU smoke test)")
     p.add_argument("--out", default="bench/out/steps", help="output folder (steps.json, steps.md, steps.log)")
@@ -683,6 +706,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    for model in args.models if args.shapes else ():
+        if not _chosen_shapes(model, args.shapes):
+            known = CASES[model].shapes + EXTRA_SHAPES.get(model, ())
+            p.error(f"{model} runs none of --shapes {args.shapes}; its shapes: {known}")
     if args.rounds is None:
         args.rounds = 3 if (args.quick or args.tiny) else 7
     if args.steps is None:

@@ -114,6 +114,17 @@ def test_liger_off_leaves_those_ops_as_they_are(tmp_path):
         steps.parse_args(["--liger-off", "softmax"])
 
 
+def test_shapes_pick_among_each_models_shapes():
+    args = steps.parse_args(["--models", "llama,qwen2", "--shapes", "2x4096", "--quick"])
+    assert [steps.shapes_for(m, args) for m in args.models] == [((2, 4096),), ((2, 4096),)]
+    args = steps.parse_args(["--models", "llama", "--shapes", "8x512,2x4096,3x3"])
+    assert steps.shapes_for("llama", args) == ((8, 512), (2, 4096))
+    for bad in (["--models", "llama", "--shapes", "2x100"], ["--models", "llama,unet", "--shapes", "2x4096"],
+                ["--shapes", "2xa"], ["--shapes", "0x512"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            steps.parse_args(bad)
+
+
 def test_steps_rejects_unknown_names():
     with pytest.raises(SystemExit):
         steps.parse_args(["--models", "gpt5"])

@@ -65,6 +65,10 @@ for step in "$@"; do
     steps_llm)
       run_step steps_llm python3 -m bench.steps --models llama,qwen2,llama3 --modes eager,compile --quick --rounds 5 \
         --out "$RESULTS/steps_llm" ;;
+    steps_llm_long)
+      # the LLM steps at B2 S4096 (steps_llm's --quick runs B8 S512 for llama and qwen2)
+      run_step steps_llm_long python3 -m bench.steps --models llama,qwen2 --modes eager,compile --shapes 2x4096 \
+        --rounds 5 --out "$RESULTS/steps_llm_long" ;;
     steps_llm_off-*)
       # steps_llm_off-<keyword>[+<keyword>...]: compiled Llama, ours with those apply_liger_ops keywords off
       off=${step#steps_llm_off-}
