@@ -105,7 +105,14 @@ def tests(session: nox.Session) -> None:
     Paths after -- run only those; without, pytest takes testpaths (tests/)."""
     _install(session, "the CPU suite's pins: " + ", ".join([*CPU_PINS, TRANSFORMERS]), *CPU_PINS, TRANSFORMERS)
     _install(session, "this project (editable) with its test extra", "-e", ".[test]")
-    session.run("python", "-m", "pytest", "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    session.run("python", "-m", "pytest", "-q", *_workers(), *session.posargs, env={"TRITON_INTERPRET": "1"})
+
+
+def _workers() -> list[str]:
+    """pytest-xdist over this machine's cores, at most 4 (each worker holds torch and the interpreter's
+    kernels); a test file stays on one worker, which spawns a DTensor group once."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return ["-n", str(min(cores, 4)), "--dist", "loadfile"] if cores > 1 else []
 
 
 @nox.session

@@ -15,7 +15,7 @@ from csrc_free_ops.cross_entropy import reference as ce_reference
 from csrc_free_ops.cross_entropy.reference import Options
 from csrc_free_ops.fused_linear_cross_entropy import launch, plan, reference
 from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_scale
-from tests.test_cross_entropy import IGNORE, make_target, options
+from tests.test_cross_entropy import IGNORE, make_counted_target, make_target, options
 
 liger = torch.ops.liger
 
@@ -198,7 +198,7 @@ def test_short_chunks_record_the_forward_and_walk_the_classes_in_the_backward(mo
 def test_weight_gradient_is_bitwise_deterministic_over_chunks():
     x = torch.randn(40, 16, device=DEVICE, dtype=torch.bfloat16)
     weight = torch.randn(30, 16, device=DEVICE, dtype=torch.bfloat16)
-    target = make_target(40, 30, 0.3)
+    target = make_counted_target(40, 30, 0.3)
     o = Options(IGNORE, 0.1, "mean", 1e-3, None)
     p = _plan(8, 30)
     _, _, lse = launch.forward(x, weight, target, None, None, o, p)
@@ -278,7 +278,7 @@ def test_mixed_dtypes_give_each_gradient_its_inputs_dtype(monkeypatch, walk):
     x = torch.randn(WALK_ROWS, 16, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(n_classes, 16, device=DEVICE, requires_grad=True)
     bias = torch.randn(n_classes, device=DEVICE, requires_grad=True)
-    target = make_target(WALK_ROWS, n_classes, 0.2)
+    target = make_counted_target(WALK_ROWS, n_classes, 0.2)
     loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
     grads = torch.autograd.grad(loss, (x, weight, bias))
     assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
@@ -343,7 +343,7 @@ def _head(rows=12, hidden=8, n_classes=15, dtype=torch.float32, bias=True):
     x = torch.randn(rows, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
     weight = (torch.randn(n_classes, hidden, device=DEVICE) / hidden**0.5).to(dtype).requires_grad_()
     b = torch.randn(n_classes, device=DEVICE, dtype=dtype, requires_grad=True) if bias else None
-    return x, weight, b, make_target(rows, n_classes, 0.3)
+    return x, weight, b, make_counted_target(rows, n_classes, 0.3)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -505,7 +505,7 @@ def test_opcheck(dtype, o):
     x = torch.randn(6, 8, device=DEVICE, dtype=dtype, requires_grad=True)
     weight = torch.randn(10, 8, device=DEVICE, dtype=dtype, requires_grad=True)
     bias = torch.randn(10, device=DEVICE, dtype=dtype, requires_grad=True)
-    target = make_target(6, 10, 0.3)
+    target = make_counted_target(6, 10, 0.3)
     ce_weight = torch.rand(10, device=DEVICE)
     torch.library.opcheck(liger.fused_linear_cross_entropy.default, (x, weight, target, bias, ce_weight, *o),
                           test_utils=OPCHECK_UTILS)  # fmt: skip
@@ -529,7 +529,7 @@ def test_compile_fullgraph_matches_eager(monkeypatch, walk):
     compiled = torch.compile(model, fullgraph=True)
     h = torch.randn(WALK_ROWS, 8, device=DEVICE, requires_grad=True)
     weight = torch.randn(n_classes, 8, device=DEVICE, requires_grad=True)
-    target = make_target(WALK_ROWS, n_classes, 0.3)
+    target = make_counted_target(WALK_ROWS, n_classes, 0.3)
     out = compiled(h, weight, target)
     torch.testing.assert_close(out, model(h, weight, target))
     got = torch.autograd.grad(out, (h, weight))
