@@ -207,13 +207,8 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _scaled(grads: tuple, grad_loss, needed: list[bool]) -> tuple:
-    """The forward's unit-grad_loss gradients times grad_loss, in place (the formula owns them): one
-    foreach launch, vectorized, where a mul_ by a 0-d CUDA tensor runs torch's unvectorized loop."""
-    kept = tuple(g if g is not None and need else None for g, need in zip(grads, needed, strict=True))
-    present = [g for g in kept if g is not None]
-    if present:
-        torch._foreach_mul_(present, grad_loss)
-    return kept
+    """The forward's unit-grad_loss gradients times grad_loss, in place (the formula owns them)."""
+    return tuple(g.mul_(grad_loss) if g is not None and need else None for g, need in zip(grads, needed, strict=True))
 
 
 def _backward(ctx, grad_loss, grad_z_loss, grad_lse):

@@ -361,20 +361,6 @@ def test_a_recorded_scalar_loss_takes_its_gradients_in_the_forward_walk(monkeypa
     assert loss.grad_fn._grads is None  # taken by the backward, which owned them alone
 
 
-def test_held_gradients_are_scaled_in_one_foreach_call(monkeypatch):
-    """One launch for every held gradient (torch's mul_ by a 0-d CUDA tensor is an unvectorized loop each)."""
-    calls = []
-    real = torch._foreach_mul_
-    monkeypatch.setattr(
-        torch, "_foreach_mul_", lambda tensors, other: calls.append(len(tensors)) or real(tensors, other)
-    )
-    x, weight, bias, target = _head()
-    loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
-    grads = torch.autograd.grad(loss * 3.0, (x, weight, bias))
-    assert calls == [3]
-    assert_matches_reference(loss, grads, x, weight, target, bias, None, Options(), torch.tensor(3.0))
-
-
 def test_a_modules_head_takes_the_forward_walk(monkeypatch):
     """The LM head is an nn.Parameter (a Tensor subclass of no dispatch of its own), as in every model."""
     walks = _Walks(monkeypatch)
