@@ -1,16 +1,18 @@
 """The graphs AOTAutograd traces for the liger ops on CUDA tensors, checked
 without a GPU: fake CUDA tensors, the real (compiled, not interpreted) Triton
 kernels.  ``python -m tests.decomposition_check`` prints, per case, the
-liger ops left in the traced graph and the triton_kernel_wrapper nodes in it,
-as JSON; tests/test_decomposition.py runs it in a fresh process (the
+liger ops left in the traced graph, the triton_kernel_wrapper nodes in it and
+the launches that write into part of a larger buffer, as JSON;
+tests/test_decomposition.py runs it in a fresh process (the
 interpreter's kernels, which the rest of the CPU suite runs, are no
 JITFunctions and cannot be wrapped)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("CSRC_FREE_OPS_NUM_SMS", "132")
 os.environ.setdefault("CSRC_FREE_OPS_FREE_BYTES", str(40 << 30))  # the fused loss's plan: an H100's free memory
@@ -26,10 +28,8 @@ from csrc_free_ops.group_norm.residency import CudaDevice  # noqa: E402
 from registrations import _library  # noqa: E402
 from tests.cuda_compile_check import _Sm90Driver  # noqa: E402
 
-# Without a GPU: no device properties (no one-pass group_norm plans), and Triton has no driver to
-# analyse which tensors a kernel writes (torch then assumes all, and says so at WARNING).
+# Without a GPU: no device properties (no one-pass group_norm plans).
 group_norm_launch._cuda_device = lambda dev, sms: CudaDevice(sms)
-logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").disabled = True
 
 
 class _Traced(Exception):
@@ -146,9 +146,9 @@ def _forward_graph(fn, inputs, decompose: bool = True):
     return graphs[0]
 
 
-def trace(decompose: bool = True, fn=_every_op, inputs=_inputs) -> dict:
-    """Liger ops and kernel wrappers in the forward graph of ``fn``."""
-    targets = [str(n.target) for n in _forward_graph(fn, inputs, decompose).graph.nodes if n.op == "call_function"]
+def _ops_and_kernels(graph: torch.fx.Graph) -> dict:
+    """Liger ops and kernel wrappers in a traced forward graph."""
+    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
     return {
         "liger": sorted(t for t in targets if t.startswith("liger.")),
         "kernels": sum("triton_kernel_wrapper" in t for t in targets),
@@ -163,18 +163,10 @@ def _part_of_larger(node) -> bool:
     return value.numel() * value.element_size() < value.untyped_storage().nbytes()
 
 
-def views_written(fn, inputs) -> list[str]:
-    """The kernel arguments a traced launch writes that are views of part of a larger tensor
-    (torch's analysis of each kernel says which it writes; the sm_90 driver stands in for a GPU's).
-    A write into a view becomes a clone and a scatter back into its base per launch, a pattern
+def _views_written(graph: torch.fx.Graph) -> list[str]:
+    """The kernel arguments a traced launch writes that are views of part of a larger tensor.  A
+    write into a view becomes a clone and a scatter back into its base per launch, a pattern
     Inductor has compiled into reads past a buffer's end."""
-    driver = triton.runtime.driver
-    real = driver._active
-    driver.set_active(_Sm90Driver(real))
-    try:
-        graph = _forward_graph(fn, inputs).graph
-    finally:
-        driver._active = real
     found = []
     for node in graph.nodes:
         if node.op == "call_function" and "triton_kernel_wrapper" in str(node.target):
@@ -185,18 +177,35 @@ def views_written(fn, inputs) -> list[str]:
     return found
 
 
+@contextlib.contextmanager
+def _sm90_write_analysis() -> Iterator[None]:
+    """torch's analysis of which tensors a kernel writes, with the sm_90 driver standing in for a GPU's
+    (without one torch counts every argument as written)."""
+    driver = triton.runtime.driver
+    real = driver._active
+    driver.set_active(_Sm90Driver(real))
+    try:
+        yield
+    finally:
+        driver._active = real
+
+
+# name: (function, its inputs), each traced decomposed
+DECOMPOSED = {
+    "decomposed": (_every_op, _inputs),
+    "larger": (_larger_and_options, _larger_inputs),
+    "losses": (_losses, _loss_inputs),
+    "row_norms_and_glu": (_row_norms_and_glu, _row_norm_and_glu_inputs),
+}
+
+
 def main() -> None:
-    print(json.dumps({
-        "decomposed": trace(),
-        "opaque": trace(decompose=False),
-        "larger": trace(fn=_larger_and_options, inputs=_larger_inputs),
-        "losses": trace(fn=_losses, inputs=_loss_inputs),
-        "row_norms_and_glu": trace(fn=_row_norms_and_glu, inputs=_row_norm_and_glu_inputs),
-        "views_written": [
-            *views_written(_every_op, _inputs), *views_written(_larger_and_options, _larger_inputs),
-            *views_written(_losses, _loss_inputs), *views_written(_row_norms_and_glu, _row_norm_and_glu_inputs),
-        ],
-    }))  # fmt: skip
+    with _sm90_write_analysis():
+        graphs = {name: _forward_graph(fn, inputs).graph for name, (fn, inputs) in DECOMPOSED.items()}
+    found = {name: _ops_and_kernels(graph) for name, graph in graphs.items()}
+    found["opaque"] = _ops_and_kernels(_forward_graph(_every_op, _inputs, decompose=False).graph)
+    found["views_written"] = [view for graph in graphs.values() for view in _views_written(graph)]
+    print(json.dumps(found))
 
 
 if __name__ == "__main__":
