@@ -95,9 +95,9 @@ def _gradients(grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, t
 def _rows_gradient(g: torch.Tensor, gr: _Gradients, ce_weight: torch.Tensor | None, lse: torch.Tensor, start: int,
                    end: int, o: Options, ce_p: ce_plan.Plan) -> None:  # fmt: skip
     """Rows start:end's logits g turned into their gradient in place."""
-    ce_scale, z_scale = (
-        (_part(s, start, end) for s in (gr.ce_scale, gr.z_scale)) if gr.stride else (gr.ce_scale, gr.z_scale)
-    )
+    ce_scale, z_scale = gr.ce_scale, gr.z_scale
+    if gr.stride:  # per-row scales (reduction none): this chunk's rows
+        ce_scale, z_scale = _part(ce_scale, start, end), _part(z_scale, start, end)
     ce.backward_rows(g, _part(gr.target, start, end), ce_weight, gr.w_sum, _part(lse, start, end), ce_scale,
                      z_scale, gr.stride, o, ce_p, None)  # fmt: skip
 
