@@ -652,10 +652,14 @@ def _shape_list(text: str) -> tuple[tuple[int, ...], ...]:
     return shapes
 
 
+def _known_shapes(model: str) -> tuple[tuple[int, ...], ...]:
+    """A model's full-size and extra shapes: what its config is sized for."""
+    return CASES[model].shapes + EXTRA_SHAPES.get(model, ())
+
+
 def _chosen_shapes(model: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
-    """The --shapes a model takes: those among its full-size and extra shapes (what its config is sized for)."""
-    known = CASES[model].shapes + EXTRA_SHAPES.get(model, ())
-    return tuple(shape for shape in shapes if shape in known)
+    """The --shapes a model takes: those among its known shapes."""
+    return tuple(shape for shape in shapes if shape in _known_shapes(model))
 
 
 def _csv(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
@@ -708,8 +712,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     for model in args.models if args.shapes else ():
         if not _chosen_shapes(model, args.shapes):
-            known = CASES[model].shapes + EXTRA_SHAPES.get(model, ())
-            p.error(f"{model} runs none of --shapes {args.shapes}; its shapes: {known}")
+            p.error(f"{model} runs none of --shapes {args.shapes}; its shapes: {_known_shapes(model)}")
     if args.rounds is None:
         args.rounds = 3 if (args.quick or args.tiny) else 7
     if args.steps is None:
