@@ -38,6 +38,13 @@ tangent, and a backward that is itself differentiated (create_graph) or run
 a second time (retain_graph: the first took the gradients).  A forward
 without a recorded graph (no_grad, or no input that requires grad) computes
 no gradient.
+
+Under torch.compile the three ops stay opaque nodes (registrations/decompose.py
+decomposes the others into their kernels): a chunk walk sums grad_weight or
+grad_x in place chunk after chunk and writes each chunk's rows into a larger
+buffer, which functionalization turns into a copy of the whole buffer per
+chunk in Inductor's code (a grad_weight-sized device copy a chunk, and more
+memory held).  Opaque, the compiled graph runs the walk as eager does.
 """
 
 from __future__ import annotations
@@ -141,6 +148,7 @@ FUSED_LINEAR_CROSS_ENTROPY = define_op(
     f"{OPTIONS_SCHEMA}) -> (Tensor, Tensor, Tensor)",
     check=_check,
     fake=_fake,
+    traceable=False,  # opaque under compile: functionalized, each chunk's in-place sum copies the whole buffer
     entries=Entries(
         cuda=launch.cuda_forward,
         npu=launch.npu_forward,
@@ -154,6 +162,7 @@ FUSED_LINEAR_CROSS_ENTROPY_BACKWARD = define_op(
     "float? softcap, bool[3] output_mask) -> (Tensor, Tensor?, Tensor?)",
     check=_check_backward,
     fake=_backward_fake,
+    traceable=False,  # opaque under compile: functionalized, each chunk's in-place sum copies the whole buffer
     entries=Entries(
         cuda=launch.cuda_backward,
         npu=launch.npu_backward,
@@ -168,6 +177,7 @@ FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS = define_op(
     "bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor?, Tensor?, Tensor?)",
     check=_check_with_grads,
     fake=_with_grads_fake,
+    traceable=False,  # opaque under compile: functionalized, each chunk's in-place sum copies the whole buffer
     **launch_entries(launch, "forward_with_grads", launch.reference_forward_with_grads),
 )
 

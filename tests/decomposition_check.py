@@ -89,7 +89,8 @@ def _larger_inputs() -> tuple:
 
 def _losses(x, head, target, logits):
     """The fused loss over several row chunks (the forward alone, as where the backward walks the
-    classes, and with its gradients), its backward op, and cross_entropy on given logits."""
+    classes, and with its gradients) and its backward op, which stay opaque, and cross_entropy on given
+    logits, which is decomposed."""
     options = (-100, 0.0, "mean", 0.0, None)
     loss, _, lse = torch.ops.liger.fused_linear_cross_entropy(x, head, target, None, None, *options)
     with_grads = torch.ops.liger.fused_linear_cross_entropy_with_grads(x, head, target, None, None, *options,
