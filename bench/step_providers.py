@@ -12,6 +12,9 @@
               (``rms_norm=True``), and the model's forward is upstream's
               ``lce_forward`` (``fused_linear_cross_entropy=True``): every op
               both libraries swap in these models
+              (``--upstream-off`` leaves out those of its
+              ``apply_liger_kernel_to_*`` keywords: rope, rms_norm, swiglu,
+              fused_linear_cross_entropy)
     liger     ``liger_nn.apply_liger_ops(model)`` (``--liger-off`` turns keywords off,
               to see what each op routed adds to a step)
 
@@ -170,9 +173,54 @@ def _liger(net: nn.Module, off: tuple[str, ...] = ()) -> Callable[[], None]:
     return handle.remove
 
 
-def apply(provider: str, model: str, net: nn.Module, liger_off: tuple[str, ...] = ()) -> tuple[Callable[[], None], str]:
+# upstream's apply_liger_kernel_to_llama / qwen2 keywords for what the upstream provider swaps in an LLM,
+# in the order it applies them, each with what it binds
+UPSTREAM_LLM_SWAPS = {
+    "rope": "liger_rotary_pos_emb",
+    "swiglu": "LigerSwiGLUMLP.forward",
+    "rms_norm": "LigerRMSNorm.forward",
+    "fused_linear_cross_entropy": "lce_forward",
+}
+
+
+def _upstream_llm_swap(keyword: str, model: str, net: nn.Module) -> Callable[[], None]:
+    if keyword == "rope":
+        return _upstream_rope(model)
+    if keyword == "swiglu":
+        return _upstream_swiglu(net)
+    if keyword == "rms_norm":
+        return _upstream_rms_norm(net)
+    return _upstream_fused_loss(model, net)
+
+
+def _upstream_llm(model: str, net: nn.Module, off: tuple[str, ...]) -> tuple[Callable[[], None], str]:
+    """Upstream's swaps of an LLM but those in ``off``; what was swapped is undone if a later swap fails."""
+    keywords = [k for k in UPSTREAM_LLM_SWAPS if k not in off]
+    if not keywords:
+        raise NotApplicable("--upstream-off leaves upstream nothing to swap")
+    undos: list[Callable[[], None]] = []
+
+    def undo() -> None:
+        for each in reversed(undos):
+            each()
+
+    try:
+        for keyword in keywords:
+            undos.append(_upstream_llm_swap(keyword, model, net))
+    except BaseException:
+        undo()
+        raise
+    names = [UPSTREAM_LLM_SWAPS[k] for k in keywords]
+    note = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return undo, note + "".join(f", {k}=False" for k in UPSTREAM_LLM_SWAPS if k in off)
+
+
+def apply(
+    provider: str, model: str, net: nn.Module, liger_off: tuple[str, ...] = (), upstream_off: tuple[str, ...] = ()
+) -> tuple[Callable[[], None], str]:
     """Patch ``net`` for ``provider``; returns (undo, a note on what was swapped).
-    ``liger_off``: apply_liger_ops keywords passed as False (the liger provider only)."""
+    ``liger_off``: apply_liger_ops keywords passed as False (the liger provider only);
+    ``upstream_off``: keywords of UPSTREAM_LLM_SWAPS the upstream provider leaves out (LLMs only)."""
     if provider == "native":
         return (lambda: None), "as is"
     if provider == "upstream":
@@ -180,18 +228,7 @@ def apply(provider: str, model: str, net: nn.Module, liger_off: tuple[str, ...] 
             undo = _upstream_group_norm(net)
             return undo, "LigerGroupNorm for every nn.GroupNorm"
         if model in LLM_MODELS:
-            undo_rope = _upstream_rope(model)
-            undo_mlp = _upstream_swiglu(net)
-            undo_norm = _upstream_rms_norm(net)
-            undo_loss = _upstream_fused_loss(model, net)
-
-            def undo() -> None:
-                undo_loss()
-                undo_norm()
-                undo_mlp()
-                undo_rope()
-
-            return undo, "liger_rotary_pos_emb, LigerSwiGLUMLP.forward, LigerRMSNorm.forward and lce_forward"
+            return _upstream_llm(model, net, upstream_off)
         raise NotApplicable(f"no upstream equivalent for {model}")
     if provider == "liger":
         undo = _liger(net, liger_off)

@@ -3,6 +3,7 @@
     python -m bench.steps [--models unet,vae,resnet,llama,qwen2,llama3] [--providers native,upstream,liger]
                           [--modes eager,compile,reduce-overhead] [--layout contiguous,channels_last]
                           [--rounds 7] [--steps 5] [--warmup 3] [--all-shapes] [--quick] [--shapes 2x4096]
+                          [--liger-off rms_norm,...] [--upstream-off fused_linear_cross_entropy,...]
                           [--device cuda|cpu] [--tiny] [--host-profile] [--out bench/out/steps]
 
 One step: ``loss = f(model, batch)`` (forward and loss, see bench/step_models.py),
@@ -287,7 +288,7 @@ def _prepare(
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         net, batch = step_models.build(model, shape, device, dtype, args.tiny)
         step_models.to_layout(net, batch, layout)
-        undo, note = step_providers.apply(provider, model, net, tuple(args.liger_off))
+        undo, note = step_providers.apply(provider, model, net, tuple(args.liger_off), tuple(args.upstream_off))
         step = make_step(model, net, batch, mode)
         warmup = max(args.warmup, 3 if mode == "reduce-overhead" else 1)
         skips = _CudagraphSkips()
@@ -320,7 +321,7 @@ def _prepare(
             net_ = net
 
             def swap() -> Callable[[], None]:
-                return step_providers.apply(provider, model, net_, tuple(args.liger_off))[0]
+                return step_providers.apply(provider, model, net_, tuple(args.liger_off), tuple(args.upstream_off))[0]
 
         return Prepared(provider, note, net, step, undo, record, swap=swap)
     except (NotApplicable, step_models.ModelUnavailable) as why:
@@ -686,6 +687,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--liger-off", type=lambda text: _csv(step_providers.liger_keywords(), "apply_liger_ops keyword")(text),
         default=[],
         help="apply_liger_ops keywords passed as False for the liger provider, e.g. fused_linear_cross_entropy",
+    )  # fmt: skip
+    p.add_argument(
+        "--upstream-off", type=_csv(tuple(step_providers.UPSTREAM_LLM_SWAPS), "upstream keyword"), default=[],
+        help="apply_liger_kernel_to_* keywords the upstream provider leaves out of an LLM, e.g. "
+        "fused_linear_cross_entropy (with the same --liger-off: both libraries' same set)",
     )  # fmt: skip
     p.add_argument(
         "--layout", type=_csv(LAYOUTS, "layout"), default=["contiguous"], help="for unet, vae and resnet only"

@@ -62,7 +62,7 @@ def test_steps_tiny_cpu_records_complete_and_finite(monkeypatch, tmp_path):
 
 
 def test_steps_failure_is_a_row_not_a_crash(monkeypatch, tmp_path):
-    def broken(provider, model, net, liger_off=()):
+    def broken(provider, model, net, liger_off=(), upstream_off=()):
         raise RuntimeError("patch failed")
 
     monkeypatch.setattr(step_providers, "apply", broken)
@@ -112,6 +112,43 @@ def test_liger_off_leaves_those_ops_as_they_are(tmp_path):
     assert record["patch"] == "apply_liger_ops, fused_linear_cross_entropy=False, rms_norm=False"
     with pytest.raises(SystemExit):
         steps.parse_args(["--liger-off", "softmax"])
+
+
+def test_upstream_off_leaves_those_of_upstreams_swaps_out(monkeypatch):
+    applied, undone = [], []
+
+    def swap(keyword, model, net):
+        applied.append(keyword)
+        return lambda: undone.append(keyword)
+
+    monkeypatch.setattr(step_providers, "_upstream_llm_swap", swap)
+    off = ("fused_linear_cross_entropy",)
+    undo, note = step_providers.apply("upstream", "llama", torch.nn.Linear(2, 2), upstream_off=off)
+    assert applied == ["rope", "swiglu", "rms_norm"]
+    assert (
+        note
+        == "liger_rotary_pos_emb, LigerSwiGLUMLP.forward and LigerRMSNorm.forward, fused_linear_cross_entropy=False"
+    )
+    undo()
+    assert undone == ["rms_norm", "swiglu", "rope"]
+    with pytest.raises(step_providers.NotApplicable, match="nothing to swap"):
+        step_providers.apply("upstream", "llama", torch.nn.Linear(2, 2), upstream_off=tuple(applied) + off)
+    with pytest.raises(SystemExit):
+        steps.parse_args(["--upstream-off", "glu"])
+
+
+def test_a_failed_upstream_swap_undoes_the_ones_before_it(monkeypatch):
+    undone = []
+
+    def swap(keyword, model, net):
+        if keyword == "rms_norm":
+            raise step_providers.NotApplicable("no norms")
+        return lambda: undone.append(keyword)
+
+    monkeypatch.setattr(step_providers, "_upstream_llm_swap", swap)
+    with pytest.raises(step_providers.NotApplicable, match="no norms"):
+        step_providers.apply("upstream", "qwen2", torch.nn.Linear(2, 2))
+    assert undone == ["swiglu", "rope"]
 
 
 def test_shapes_pick_among_each_models_shapes():

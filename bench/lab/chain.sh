@@ -69,6 +69,12 @@ for step in "$@"; do
       # the LLM steps at B2 S4096 (steps_llm's --quick runs B8 S512 for llama and qwen2)
       run_step steps_llm_long python3 -m bench.steps --models llama,qwen2 --modes eager,compile --shapes 2x4096 \
         --rounds 5 --out "$RESULTS/steps_llm_long" ;;
+    steps_llm_norms_mlp-*)
+      # steps_llm_norms_mlp-<B>x<S>: rope, the norms and the MLP from each library, the loss left as is in
+      # both (the same set; upstream's compiled steps crash in its loss)
+      run_step "$step" python3 -m bench.steps --models llama,qwen2 --modes eager,compile --shapes "${step#*-}" \
+        --rounds 5 --liger-off fused_linear_cross_entropy --upstream-off fused_linear_cross_entropy \
+        --out "$RESULTS/$step" ;;
     steps_llm_off-*)
       # steps_llm_off-<keyword>[+<keyword>...]: compiled Llama, ours with those apply_liger_ops keywords off
       off=${step#steps_llm_off-}
