@@ -541,6 +541,8 @@ def _environment(args) -> dict[str, Any]:
         "python": platform.python_version(),
         "device": args.device,
         "optimizer": f"SGD(lr={LR}, foreach=True)",
+        # what compiled graphs make of the liger ops (registrations/decompose.py)
+        "decompose": os.environ.get("CSRC_FREE_OPS_DECOMPOSE", "1"),
     }
     if args.device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name()

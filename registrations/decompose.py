@@ -14,6 +14,13 @@ per shape), torch.export (a serializable program keeps high-level ops),
 tensor subclasses, and a launch the traced path cannot express
 (launcher.Untraceable).  CSRC_FREE_OPS_DECOMPOSE=0, or decomposition(False),
 turns it off.
+
+CSRC_FREE_OPS_DECOMPOSE=math, or decomposition("math"), traces the op's
+reference instead (its torch ops, in the same compute dtype), for the same
+calls: Inductor then fuses the op's math with its neighbours (a residual
+add into a norm, a cast into a matmul's input) as it fuses a model's own
+layers, where a kernel of ours is a fusion boundary.  It is how the steps
+benchmark measures what that boundary costs a compiled model.
 """
 
 from __future__ import annotations
@@ -27,15 +34,26 @@ import torch
 
 from csrc_free_ops import launcher
 
-_DECOMPOSE = [os.environ.get("CSRC_FREE_OPS_DECOMPOSE", "1") != "0"]
+# What a traced op becomes: its kernels, its reference's torch ops, or itself (None: opaque)
+_WAYS = {True: "kernels", "1": "kernels", "kernels": "kernels", "math": "math", False: None, "0": None}
+
+
+def _way(value: bool | str, source: str) -> str | None:
+    if value not in _WAYS or isinstance(value, int) and not isinstance(value, bool):
+        raise ValueError(f"{source}={value!r}: choose 1 (the kernels), math (the reference's torch ops) or 0 (opaque)")
+    return _WAYS[value]
+
+
+_DECOMPOSE = [_way(os.environ.get("CSRC_FREE_OPS_DECOMPOSE", "1"), "CSRC_FREE_OPS_DECOMPOSE")]
 
 
 @contextlib.contextmanager
-def decomposition(enabled: bool) -> Iterator[None]:
-    """Whether graphs traced inside this block decompose the ops into their
-    kernels (the compiled code keeps what was traced)."""
+def decomposition(enabled: bool | str) -> Iterator[None]:
+    """What graphs traced inside this block make of the ops: True (or
+    "kernels") their kernels, "math" their reference's torch ops, False the
+    opaque ops (the compiled code keeps what was traced)."""
     previous = _DECOMPOSE[0]
-    _DECOMPOSE[0] = enabled
+    _DECOMPOSE[0] = _way(enabled, "decomposition")
     try:
         yield
     finally:
@@ -77,15 +95,21 @@ def _plain_types(types: Any) -> bool:
     return all(issubclass(t, FakeTensor) or t in (torch.Tensor, FunctionalTensor) for t in types)
 
 
-def decomposition_of(sig: Any, check: Callable, cuda_entry: Callable) -> Callable:
-    """The op's FunctionalTensorMode rule: ``cuda_entry`` traced into the graph where it can be."""
+def decomposition_of(sig: Any, check: Callable, cuda_entry: Callable, math_entry: Callable) -> Callable:
+    """The op's FunctionalTensorMode rule: ``cuda_entry`` (or, in the math way, ``math_entry``, the
+    reference's binding) traced into the graph where it can be."""
 
     def decompose(mode, op, types, args, kwargs):
         if not _plain_types(types):
             return NotImplemented
         full = sig.complete(args, kwargs or {})
-        if not (_DECOMPOSE[0] and _concrete(full)) or _export_in_progress():
+        way = _DECOMPOSE[0]
+        if way is None or not _concrete(full) or _export_in_progress():
             return mode.__torch_dispatch__(op, types, args, kwargs)
+        if way == "math":  # traced_launches: the entries skip what reads values (launcher.tracing())
+            with mode, launcher.traced_launches():
+                check(*full)
+                return math_entry(*full)
         try:
             with mode, launcher.traced_launches():
                 check(*full)

@@ -237,7 +237,10 @@ def define_op(
     )
     if traceable:
         torch.library.register_torch_dispatch(
-            "liger::" + name, FunctionalTensorMode, decomposition_of(sig, full_check, entries.cuda), lib=LIB
+            "liger::" + name,
+            FunctionalTensorMode,
+            decomposition_of(sig, full_check, entries.cuda, entries.reference),
+            lib=LIB,
         )
     return op
 

@@ -2,7 +2,8 @@
 without a GPU: fake CUDA tensors, the real (compiled, not interpreted) Triton
 kernels.  ``python -m tests.decomposition_check`` prints, per case, the
 liger ops left in the traced graph, the triton_kernel_wrapper nodes in it and
-the launches that write into part of a larger buffer, as JSON;
+the launches that write into part of a larger buffer, and the row norms and
+GLUs traced as their references' math (decomposition("math")), as JSON;
 tests/test_decomposition.py runs it in a fresh process (the
 interpreter's kernels, which the rest of the CPU suite runs, are no
 JITFunctions and cannot be wrapped)."""
@@ -132,7 +133,7 @@ def _loss_inputs() -> tuple:
     )  # fmt: skip
 
 
-def _forward_graph(fn, inputs, decompose: bool = True):
+def _forward_graph(fn, inputs, decompose: bool | str = True):
     graphs = []
 
     def record(gm, example_inputs):
@@ -205,6 +206,9 @@ def main() -> None:
         graphs = {name: _forward_graph(fn, inputs).graph for name, (fn, inputs) in DECOMPOSED.items()}
     found = {name: _ops_and_kernels(graph) for name, graph in graphs.items()}
     found["opaque"] = _ops_and_kernels(_forward_graph(_every_op, _inputs, decompose=False).graph)
+    # The row norms' and GLUs' references only: the others' use Python scalars in CUDA ops (torch.where(m, t,
+    # 0), w[0] * x), which fake CUDA tensors cannot take on a CPU build of torch (the GPU tests trace them all).
+    found["math"] = _ops_and_kernels(_forward_graph(*DECOMPOSED["row_norms_and_glu"], decompose="math").graph)
     found["views_written"] = [view for graph in graphs.values() for view in _views_written(graph)]
     print(json.dumps(found))
 

@@ -54,6 +54,8 @@ def test_traced_graph_holds_the_kernels_and_no_liger_op():
     # A launch that writes into part of a larger buffer becomes a clone and a scatter back per launch:
     # the compiled Llama step's illegal access was Inductor reading past such a clone's end.
     assert found["views_written"] == []
+    # decomposition("math"): the references' torch ops, which Inductor fuses, and no kernel of ours
+    assert found["math"] == {"liger": [], "kernels": 0}
     opaque = found["opaque"]
     assert opaque["kernels"] == 0
     assert sorted(set(opaque["liger"])) == [
@@ -180,6 +182,49 @@ def test_compiled_poly_norm_and_rope_run_their_kernels_from_inductor():
     expected = (z, qo, ko, *torch.autograd.grad(loss, (hd, pwd, pbd, qd, kd)))
     for got, want in zip(out, expected, strict=True):
         assert_close_to_ref(got, want, torch.bfloat16)
+
+
+@needs_cuda
+def test_math_decomposition_compiles_the_references_of_the_llm_ops():
+    """decomposition("math"): Inductor's code holds neither the ops nor their kernels, and the results
+    are the ops' own, judged against the same ops in float64."""
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(256, device="cuda", requires_grad=True)
+    gate = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    up = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(2, 4, 32, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = torch.randn(32, 64, device="cuda"), torch.randn(32, 64, device="cuda")
+
+    def step(x, w, gate, up, q):
+        normed = torch.ops.liger.rms_norm(x, w, 1e-6)
+        return normed, torch.ops.liger.swiglu(gate, up), torch.ops.liger.rope(q, None, cos, sin)[0]
+
+    with _library.decomposition("math"):
+        out, code = _compiled_code(step, x, w, gate, up, q)
+    assert "torch.ops.liger." not in code
+    ours = (
+        "fwd_tile_kernel",
+        "fwd_blocked_kernel",
+        "bwd_tile_kernel",
+        "def fwd_kernel",
+        "def bwd_kernel",
+        "rope_kernel",
+    )
+    assert not [name for name in ours if name in code]
+
+    args64 = [t.detach().double().requires_grad_() for t in (x, w, gate, up, q)]
+    cos, sin = cos.double(), sin.double()
+    outs64 = step(*args64)
+    loss = sum(o.square().sum() for o in outs64)
+    expected = (*outs64, *torch.autograd.grad(loss, args64))
+    for got, want in zip(out, expected, strict=True):
+        assert_close_to_ref(got, want, torch.bfloat16)
+
+
+def test_decomposition_names_its_ways():
+    with pytest.raises(ValueError, match="choose 1 .*math.* or 0"):
+        with _library.decomposition("reference"):
+            pass
 
 
 @needs_cuda

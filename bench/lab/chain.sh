@@ -75,6 +75,11 @@ for step in "$@"; do
       run_step "$step" python3 -m bench.steps --models llama,qwen2 --modes eager,compile --shapes "${step#*-}" \
         --rounds 5 --liger-off fused_linear_cross_entropy --upstream-off fused_linear_cross_entropy \
         --out "$RESULTS/$step" ;;
+    steps_llm_compile_math)
+      # compiled Llama and Qwen2 B8 S512 with our ops traced as their references' torch ops, which Inductor
+      # fuses with their neighbours: what our kernels' fusion boundaries cost a compiled step
+      run_step steps_llm_compile_math env CSRC_FREE_OPS_DECOMPOSE=math python3 -m bench.steps --models llama,qwen2 \
+        --modes compile --providers native,liger --quick --rounds 5 --out "$RESULTS/steps_llm_compile_math" ;;
     steps_llm_off-*)
       # steps_llm_off-<keyword>[+<keyword>...]: compiled Llama, ours with those apply_liger_ops keywords off
       off=${step#steps_llm_off-}
