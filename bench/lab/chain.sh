@@ -65,6 +65,10 @@ for step in "$@"; do
     steps_llm)
       run_step steps_llm python3 -m bench.steps --models llama,qwen2,llama3 --modes eager,compile --quick --rounds 5 \
         --out "$RESULTS/steps_llm" ;;
+    steps_llm_compiled)
+      # steps_llm's compiled rows, ours against native (upstream's crash in its own loss is known)
+      run_step steps_llm_compiled python3 -m bench.steps --models llama,qwen2,llama3 --modes compile \
+        --providers native,liger --quick --rounds 5 --out "$RESULTS/steps_llm_compiled" ;;
     steps_llm_long)
       # the LLM steps at B2 S4096 (steps_llm's --quick runs B8 S512 for llama and qwen2)
       run_step steps_llm_long python3 -m bench.steps --models llama,qwen2 --modes eager,compile --shapes 2x4096 \
