@@ -840,7 +840,7 @@ def test_probe_rms_norm_wide_candidates_match_the_float64_reference(monkeypatch)
 
 def test_table_probes_share_one_command_line(monkeypatch, tmp_path, capsys):
     """--out and --rep reach the probe's table, head and body land in --out; without CUDA, 2 and nothing run."""
-    from bench.lab import probe_flce_chunks, probe_glu_tiles, probe_rms_norm_wide
+    from bench.lab import probe_ce_warps, probe_flce_chunks, probe_glu_tiles, probe_rms_norm_wide
     from bench.lab.probe_group_norm import run_table_probe
 
     seen = []
@@ -852,7 +852,7 @@ def test_table_probes_share_one_command_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert run_table_probe("bench.lab.x", "Doc.", "x.md", 7, [], table) == 2 and not seen
     assert "needs a CUDA device" in capsys.readouterr().err
-    for probe in (probe_flce_chunks, probe_glu_tiles, probe_rms_norm_wide):
+    for probe in (probe_ce_warps, probe_flce_chunks, probe_glu_tiles, probe_rms_norm_wide):
         assert probe.main([]) == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     out = tmp_path / "t.md"
@@ -880,6 +880,25 @@ def test_probe_glu_tiles_candidates_and_compiled_formula_match_the_float64_refer
     want = probe._act(g, activation)
     torch.testing.assert_close(a, want.detach())
     torch.testing.assert_close(da, torch.autograd.grad(want.sum(), g)[0])
+
+
+def test_probe_ce_warps_candidates_and_compiled_gradient_match_the_float64_reference():
+    """Every block and warp count the cross_entropy probe times gives the loss and the logits' gradient,
+    and the gradient formula it compiles as the rival is cross_entropy's."""
+    from bench.lab import probe_ce_warps as probe
+    from bench.lab.probe_group_norm import max_rel_error
+    from tests.helpers import DEVICE
+
+    logits = torch.randn(5, 3000, device=DEVICE)
+    target = torch.randint(0, 3000, (5,), device=DEVICE)
+    refs, lse = probe._references(logits, target)
+    labels = []
+    for label, direction, fn in probe._candidates(logits, target, lse, compile_too=False):
+        assert max_rel_error(fn(), refs[direction]) <= 1e-5, (label, direction)
+        labels.append(label)
+    assert labels[:2] == ["plan", "plan"] and "b4096/w32" in labels and "b4096/w4" in labels
+    assert max_rel_error((probe._loss(logits, target),), refs["fwd"]) <= 1e-5
+    assert max_rel_error((probe._gradient(logits, target),), refs["bwd"]) <= 1e-5
 
 
 def test_probe_flce_chunks_candidates_match_the_float64_reference(monkeypatch):

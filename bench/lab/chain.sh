@@ -58,6 +58,8 @@ for step in "$@"; do
       run_step probe_nhwc_quick python3 -m bench.lab.probe_group_norm_nhwc --quick --out "$RESULTS/probe_nhwc_quick.md" ;;
     probe_flce_chunks)
       run_step probe_flce_chunks python3 -m bench.lab.probe_flce_chunks --out "$RESULTS/probe_flce_chunks.md" ;;
+    probe_ce_warps)
+      run_step probe_ce_warps python3 -m bench.lab.probe_ce_warps --out "$RESULTS/probe_ce_warps.md" ;;
     probe_glu_tiles)
       run_step probe_glu_tiles python3 -m bench.lab.probe_glu_tiles --out "$RESULTS/probe_glu_tiles.md" ;;
     probe_rms_norm_wide)
