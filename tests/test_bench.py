@@ -814,26 +814,25 @@ def test_harness_runs_the_row_norms(tmp_path):
     assert nbytes.min_bytes("rms_norm", {"M": 2, "H": 8, "dtype": "bfloat16"}, "backward") == 3 * 16 * 2
 
 
-def test_probe_rms_norm_wide_candidates_match_the_float64_reference(monkeypatch):
-    """Every variant the wide-row probe times is a valid plan of the launch sequence."""
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_probe_rms_norm_wide_candidates_match_the_float64_reference(op):
+    """Every variant the wide-row probe times is a valid plan of the launch sequence, for both row norms."""
     from bench.lab import probe_rms_norm_wide as probe
     from bench.lab.probe_group_norm import max_rel_error
     from csrc_free_ops.rms_norm import launch
-    from csrc_free_ops.rms_norm.launch import RowNorm
     from tests.helpers import DEVICE
 
-    monkeypatch.setattr(probe, "ROWS", 6)
-    n_cols = 600
-    x = torch.randn(6, n_cols, device=DEVICE).bfloat16()
-    w = (1 + 0.1 * torch.randn(n_cols, device=DEVICE)).bfloat16()
-    dy = torch.randn(6, n_cols, device=DEVICE).bfloat16()
-    y_ref, dx_ref, dw_ref = probe._reference(x, w, dy, 1e-6)
-    norm = RowNorm(1e-6, 0.0, False, True)
+    n_rows, n_cols = 6, 600
+    x, w, b, dy = probe.inputs(op, n_rows, n_cols, DEVICE)
+    assert (b is not None) == (op == "layer_norm")
+    norm = probe.norm_of(op, 1e-6)
+    y_ref, grads_ref = probe._reference(x, w, b, dy, norm)
     names = []
     for backward in (False, True):
-        for name, p in probe._candidates(n_cols, backward, 4):
-            got = launch.backward(dy, x, w, None, norm, p)[:2] if backward else (launch.forward(x, w, None, norm, p),)
-            assert max_rel_error(got, (dx_ref, dw_ref) if backward else (y_ref,)) <= probe.ERROR_BOUND, name
+        for name, p in probe._candidates(n_rows, n_cols, backward, 4):
+            got = launch.backward(dy, x, w, b, norm, p)[: len(grads_ref)] if backward else (
+                launch.forward(x, w, b, norm, p),)  # fmt: skip
+            assert max_rel_error(got, grads_ref if backward else (y_ref,)) <= probe.ERROR_BOUND, name
             names.append((backward, name, p.whole_rows))
     assert {(b, whole) for b, _, whole in names} == {(False, True), (False, False), (True, True), (True, False)}
 
