@@ -124,14 +124,16 @@ def test_backward_is_bitwise_deterministic(n_cols):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("programs", [1, 3, 7])
 @pytest.mark.parametrize("whole_rows", [True, False])
-def test_plans_through_the_launch_sequence(programs, whole_rows):
+def test_plans_through_the_launch_sequence(programs, whole_rows, dtype):
     """The launch sequence takes any Plan as data: several row blocks per
     program (the grid-stride forward and the partials' reduction), one
     program writing the gradients itself, and the column-blocked kernels
-    on rows they would not get by size."""
-    x = torch.randn(13, 200, device=DEVICE)
+    on rows they would not get by size (their backward takes the squares
+    in its sums' pass: float64 at float64's bound)."""
+    x = torch.randn(13, 200, device=DEVICE, dtype=dtype)
     w = torch.randn(200, device=DEVICE, dtype=torch.bfloat16)
     dy = torch.randn_like(x)
     p = plan.Plan(whole_rows, 4 if whole_rows else 1, 256 if whole_rows else 64, programs, None, 1)

@@ -10,7 +10,9 @@ their Plan (plan.py: tile shape, grid, warps).
   the backward always walks them, each program summing its rows' dweight
   and dbias terms.
 * Blocked kernels take rows too long for one tile: one row at a time, in
-  column blocks of BLOCK_N, one pass per statistic and one for the output.
+  column blocks of BLOCK_N, one pass per statistic and one for the output
+  (the backward without CENTER takes the squares in its sums' pass, since
+  sum(g * xhat) = rstd * sum(g * x): two reads of x, not three).
 * ``reduce_param_grads_kernel`` sums the backward's per-program partials.
 
 Constexprs: CENTER subtracts the mean (LayerNorm); ROUND_NORMED rounds the
@@ -239,18 +241,27 @@ def bwd_blocked_kernel(
         row64 = tl.cast(row, tl.int64)
         x_row = x + row64 * stride_x_row
         dy_row = grad_out + row64 * stride_dy_row
-        mean, rstd = _row_stats(x_row, stride_x_col, n_cols, inv_n, EPS, CENTER, BLOCK_N, COMPUTE)
+        if CENTER:
+            mean, rstd = _row_stats(x_row, stride_x_col, n_cols, inv_n, EPS, CENTER, BLOCK_N, COMPUTE)
+        else:  # no mean: the squares come with the sums' pass below, one read of x fewer
+            mean = tl.cast(0.0, COMPUTE)
+            rstd = tl.cast(1.0, COMPUTE)
+        sum_sq = tl.cast(0.0, COMPUTE)
         sum_gx = tl.cast(0.0, COMPUTE)
         sum_g = tl.cast(0.0, COMPUTE)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            xhat = tl.where(mask, (tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(COMPUTE) - mean)
-                            * rstd, 0.0)  # fmt: skip
+            xc = tl.where(mask, tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(COMPUTE) - mean, 0.0)
             scale, _ = _load_params(weight, weight, cols, mask, OFFSET, HAS_WEIGHT, False, COMPUTE)
             g = tl.load(dy_row + cols * stride_dy_col, mask=mask, other=0.0).to(COMPUTE) * scale
-            sum_gx += tl.sum(g * xhat)
+            if not CENTER:
+                sum_sq += tl.sum(xc * xc)
+            sum_gx += tl.sum(g * xc)
             sum_g += tl.sum(g)
+        if not CENTER:
+            rstd = _rstd(sum_sq, inv_n, EPS)
+        sum_gx *= rstd  # sum(g * xhat): xhat = xc * rstd
         c1 = sum_gx * inv_n
         c2 = sum_g * inv_n
         for start in range(0, n_cols, BLOCK_N):
