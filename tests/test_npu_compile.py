@@ -104,3 +104,25 @@ def test_every_npu_launch_compiles_with_triton_ascend(tmp_path):
                           capture_output=True, text=True, timeout=3600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-20000:] + done.stderr[-5000:]
     assert " 0 failed" in done.stdout
+
+
+def test_the_adapter_stage_reruns_a_signal_death_and_counts_it_but_never_an_error_exit(tmp_path):
+    """triton-adapter-opt dies by a signal on a few percent of its runs of the same input: the check runs it
+    again (at most ADAPTER_ATTEMPTS runs in all) and counts each death; an error exit is a verdict, never rerun."""
+    from tests import npu_compile_check as check
+
+    runs = tmp_path / "runs"
+    dies_twice = f"n=$(cat {runs} 2>/dev/null || echo 0); echo $((n + 1)) > {runs}; [ $n -ge 2 ] || kill -SEGV $$"
+    state: dict = {}
+    done = check._run_adapter(["sh", "-c", dies_twice], state, capture_output=True, check=True)
+    assert done.returncode == 0 and state["adapter_deaths"] == 2 and runs.read_text().strip() == "3"
+
+    state = {}
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        check._run_adapter(["sh", "-c", "exit 3"], state, capture_output=True, check=True)
+    assert failed.value.returncode == 3 and state.get("adapter_deaths", 0) == 0
+
+    state = {}
+    with pytest.raises(subprocess.CalledProcessError) as died:
+        check._run_adapter(["sh", "-c", "kill -ABRT $$"], state, capture_output=True, check=True)
+    assert died.value.returncode < 0 and state["adapter_deaths"] == check.ADAPTER_ATTEMPTS
