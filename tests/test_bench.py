@@ -837,6 +837,22 @@ def test_probe_rms_norm_wide_candidates_match_the_float64_reference(op):
     assert {(b, whole) for b, _, whole in names} == {(False, True), (False, False), (True, True), (True, False)}
 
 
+def test_a_probes_candidate_row_reads_ok_wrong_or_the_exception(monkeypatch, capsys):
+    from bench.lab import probe_group_norm as probe
+
+    monkeypatch.setattr(probe, "graph_ms", lambda fn, rep: 0.5)
+    ref = (torch.ones(4, dtype=torch.float64),)
+    assert probe.candidate_row("a | b", lambda: (torch.ones(4),), ref, 10**9, 5, 1e-3) == (
+        "| a | b | ok (0.0e+00) | 500.0 | 2.000 |")  # fmt: skip
+    assert "| WRONG (1.0e+00) |" in probe.candidate_row("a", lambda: (torch.zeros(4),), ref, 1, 5, 1e-3)
+
+    def broken():
+        raise RuntimeError("no such tile")
+
+    assert probe.candidate_row("a", broken, ref, 1, 5, 1e-3) == "| a | RuntimeError | - | - |"
+    assert capsys.readouterr().out.count("\n") == 3
+
+
 def test_table_probes_share_one_command_line(monkeypatch, tmp_path, capsys):
     """--out and --rep reach the probe's table, head and body land in --out; without CUDA, 2 and nothing run."""
     from bench.lab import probe_ce_warps, probe_flce_chunks, probe_glu_tiles, probe_rms_norm_wide

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bench.lab.probe_group_norm import graph_ms, max_rel_error, run_table_probe
+from bench.lab.probe_group_norm import candidate_row, run_table_probe
 
 ROWS = 4096
 VOCABULARIES = (4096, 8192, 16384, 32768, 131072)
@@ -94,19 +94,10 @@ def probe(n_cols: int, rep: int) -> list[str]:
     target = torch.randint(0, n_cols, (ROWS,), device="cuda", generator=g)
     refs, lse = _references(logits, target)
     moved = {"fwd": logits.numel() * logits.element_size(), "bwd": 2 * logits.numel() * logits.element_size()}
-    lines = []
-    for label, direction, fn in _candidates(logits, target, lse):
-        try:
-            err = max_rel_error(fn(), refs[direction])
-            ms = graph_ms(fn, rep)
-        except Exception as e:  # noqa: BLE001 - a variant that fails to build is a row, not the end
-            lines.append(f"| {n_cols} | {direction} | {label} | {type(e).__name__} | - | - |")
-        else:
-            ok = f"ok ({err:.1e})" if err <= ERROR_BOUND else f"WRONG ({err:.1e})"
-            tbs = moved[direction] / ms / 1e9
-            lines.append(f"| {n_cols} | {direction} | {label} | {ok} | {ms * 1e3:.1f} | {tbs:.3f} |")
-        print(lines[-1], flush=True)
-    return lines
+    return [
+        candidate_row(f"{n_cols} | {direction} | {label}", fn, refs[direction], moved[direction], rep, ERROR_BOUND)
+        for label, direction, fn in _candidates(logits, target, lse)
+    ]
 
 
 def _table(rep: int) -> tuple[list[str], list[str]]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.lab.probe_group_norm import graph_ms, max_rel_error, run_table_probe
+from bench.lab.probe_group_norm import candidate_row, run_table_probe
 
 ROWS = 16384
 WIDTHS = (14336, 24576)
@@ -117,19 +117,12 @@ def probe(name: str, n_cols: int, rep: int) -> list[str]:
     gate, up, dy = (torch.randn(ROWS, n_cols, device="cuda", generator=g).bfloat16() for _ in range(3))
     refs = _references(name, gate, up, dy)
     moved = {"fwd": 3 * gate.numel() * gate.element_size(), "bwd": 5 * gate.numel() * gate.element_size()}
-    lines = []
-    for label, direction, fn in _candidates(name, gate, up, dy):
-        try:
-            err = max_rel_error(fn(), refs[direction])
-            ms = graph_ms(fn, rep)
-        except Exception as e:  # noqa: BLE001 - a variant that fails to build is a row, not the end
-            lines.append(f"| {name} | {n_cols} | {direction} | {label} | {type(e).__name__} | - | - |")
-        else:
-            ok = f"ok ({err:.1e})" if err <= ERROR_BOUND else f"WRONG ({err:.1e})"
-            tbs = moved[direction] / ms / 1e9
-            lines.append(f"| {name} | {n_cols} | {direction} | {label} | {ok} | {ms * 1e3:.1f} | {tbs:.3f} |")
-        print(lines[-1], flush=True)
-    return lines
+    return [
+        candidate_row(
+            f"{name} | {n_cols} | {direction} | {label}", fn, refs[direction], moved[direction], rep, ERROR_BOUND
+        )  # fmt: skip
+        for label, direction, fn in _candidates(name, gate, up, dy)
+    ]
 
 
 def _table(rep: int) -> tuple[list[str], list[str]]:

@@ -100,6 +100,22 @@ def graph_ms(fn, rep: int) -> float:
         graph.reset()
 
 
+def candidate_row(cells: str, fn, refs, moved_bytes: int, rep: int, bound: float) -> str:
+    """A table probe's row for one candidate, printed as it is measured: ``| cells | ok (error) | graph us |
+    TB/s |`` (WRONG past ``bound``, the largest error relative to max |reference|), or the name of the
+    exception it raised (a variant that fails to build is a row, not the end of the probe)."""
+    try:
+        err = max_rel_error(fn(), refs)
+        ms = graph_ms(fn, rep)
+    except Exception as e:  # noqa: BLE001
+        line = f"| {cells} | {type(e).__name__} | - | - |"
+    else:
+        ok = f"ok ({err:.1e})" if err <= bound else f"WRONG ({err:.1e})"
+        line = f"| {cells} | {ok} | {ms * 1e3:.1f} | {moved_bytes / ms / 1e9:.3f} |"
+    print(line, flush=True)
+    return line
+
+
 def max_rel_error(outs, refs) -> float:
     worst = 0.0
     for o, r in zip(outs, refs, strict=True):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.lab.probe_group_norm import graph_ms, max_rel_error, run_table_probe
+from bench.lab.probe_group_norm import candidate_row, run_table_probe
 
 # op: (rows, widths, mean subtracted with a bias (LayerNorm), or Llama's casting (RMSNorm))
 OPS = {"rms_norm": (2048, (8192, 16384, 32768), False), "layer_norm": (4096, (4096, 8192, 16384), True)}
@@ -106,16 +106,7 @@ def probe(op: str, n_cols: int, sms: int, rep: int) -> list[str]:
             else:
                 fn = lambda p=p: (launch.forward(x, w, b, norm, p),)  # noqa: E731
                 refs = (y_ref,)
-            try:
-                err = max_rel_error(fn(), refs)
-                ms = graph_ms(fn, rep)
-            except Exception as e:  # noqa: BLE001 - a variant that fails to build is a row, not the end
-                lines.append(f"| {op} | {n_cols} | {direction} | {name} | {type(e).__name__} | - | - |")
-            else:
-                ok = f"ok ({err:.1e})" if err <= ERROR_BOUND else f"WRONG ({err:.1e})"
-                tbs = moved / ms / 1e9
-                lines.append(f"| {op} | {n_cols} | {direction} | {name} | {ok} | {ms * 1e3:.1f} | {tbs:.2f} |")
-            print(lines[-1], flush=True)
+            lines.append(candidate_row(f"{op} | {n_cols} | {direction} | {name}", fn, refs, moved, rep, ERROR_BOUND))
     return lines
 
 
