@@ -35,11 +35,13 @@ import torch
 from csrc_free_ops import launcher
 
 # What a traced op becomes: its kernels, its reference's torch ops, or itself (None: opaque)
-_WAYS = {True: "kernels", "1": "kernels", "kernels": "kernels", "math": "math", False: None, "0": None}
+_WAYS = {"1": "kernels", "kernels": "kernels", "math": "math", "0": None}
 
 
 def _way(value: bool | str, source: str) -> str | None:
-    if value not in _WAYS or isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, bool):
+        value = "1" if value else "0"
+    if value not in _WAYS:
         raise ValueError(f"{source}={value!r}: choose 1 (the kernels), math (the reference's torch ops) or 0 (opaque)")
     return _WAYS[value]
 
@@ -106,14 +108,11 @@ def decomposition_of(sig: Any, check: Callable, cuda_entry: Callable, math_entry
         way = _DECOMPOSE[0]
         if way is None or not _concrete(full) or _export_in_progress():
             return mode.__torch_dispatch__(op, types, args, kwargs)
-        if way == "math":  # traced_launches: the entries skip what reads values (launcher.tracing())
+        entry = math_entry if way == "math" else cuda_entry
+        try:  # traced_launches also makes the entries skip what reads values (launcher.tracing())
             with mode, launcher.traced_launches():
                 check(*full)
-                return math_entry(*full)
-        try:
-            with mode, launcher.traced_launches():
-                check(*full)
-                return cuda_entry(*full)
+                return entry(*full)
         except launcher.Untraceable:  # what it traced before this is left unused, and dropped
             return mode.__torch_dispatch__(op, types, args, kwargs)
 
