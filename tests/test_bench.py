@@ -646,6 +646,47 @@ def test_host_overhead_steps_table_shows_each_provider_against_native():
     assert lines[3] == "| gn_silu | reduce-overhead | - | - | - | - | - |"
 
 
+def test_host_at_shapes_interleaves_and_reports_fast_against_native(monkeypatch):
+    """Each round times every (shape, path, kind) once in each timer, one step further along each round;
+    the ratio columns are medians of per-round ratios."""
+    from bench import host_at_shapes
+
+    shapes = host_at_shapes.MODELS["unet"](True)
+    order: list[tuple] = []
+    warmed: list[tuple] = []
+
+    class Step(tuple):
+        def __call__(self):
+            warmed.append(self)
+
+    monkeypatch.setattr(host_at_shapes, "_step", lambda shape, path, kind, device, dtype: Step((shape, path, kind)))
+    monkeypatch.setattr(host_at_shapes, "host_us", lambda step, device, iters: order.append(tuple(step)) or 2.0)
+    monkeypatch.setattr(host_at_shapes, "wall_us", lambda step, device, iters: 3.0 if step[1] == "fast" else 1.5)
+    rounds = host_at_shapes.measure(shapes, "cpu", torch.float32, 1, 2)
+    names = [(s, p, k) for s in shapes for p in host_at_shapes.PATHS for k in host_at_shapes.KINDS]
+    assert order == names + names[1:] + names[:1]
+    assert warmed == [n for n in names for _ in range(3)]  # each warmed before any is timed
+    lines = host_at_shapes.table(rounds, shapes).splitlines()
+    assert len(lines) == 2 + 2 * len(shapes)
+    assert lines[2].endswith("| 2.0 | 2.0 | 2.0 | 1.5 | 3.0 | 1.5 | 1.00x | 2.00x |")
+    assert {s.op for s in shapes} == {"group_norm", "group_norm_silu", "layer_norm"}
+    assert any(s.channels_last for s in shapes) and any(not s.channels_last for s in shapes)
+
+
+@ON_CPU
+def test_host_at_shapes_paths_compute_the_same_layer():
+    """native, fast and liger compute one layer at each shape (so the table compares like with like)."""
+    from bench import host_at_shapes
+
+    for shape in host_at_shapes.MODELS["unet"](True):
+        args = host_at_shapes._inputs(shape, "cpu", torch.float64)
+        assert args[0].is_contiguous(memory_format=torch.channels_last) == shape.channels_last
+        want = host_at_shapes._call(shape, "native")(*args)
+        for path in ("fast", "liger"):
+            got = host_at_shapes._call(shape, path)(*args)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"{shape.label()} {path}")
+
+
 # --------------------------------------------------------------------------
 # Two trees side by side
 

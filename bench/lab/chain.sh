@@ -36,6 +36,9 @@ for step in "$@"; do
       run_step gpu_tests python3 -m pytest -q -n 8 -p no:cacheprovider tests --junitxml="$RESULTS/gpu_tests-$stamp.xml" ;;
     host_overhead)
       run_step host_overhead python3 -m bench.host_overhead --steps off ;;
+    host_at_shapes-*)
+      # host_at_shapes-<model>: host and wall time per norm call at the model's shapes, native against ours
+      run_step "$step" python3 -m bench.host_at_shapes --model "${step#host_at_shapes-}" ;;
     host_profile-*)
       # host_profile-<op>-<forward|backward|full>: where the fast path's host time goes (cProfile, torch.profiler)
       spec=${step#host_profile-}
