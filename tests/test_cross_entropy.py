@@ -157,6 +157,44 @@ def test_bad_targets_raise_a_clear_error(bad):
         torch.ops.liger.cross_entropy(logits, target)
 
 
+def _record_launches_and_reads(monkeypatch) -> list[str]:
+    """The order of the kernel launches and the host reads (Tensor.item) that follow."""
+    from csrc_free_ops import launcher
+
+    events: list[str] = []
+    launch_by_triton, item = launcher.Launcher._launch_by_triton, torch.Tensor.item
+
+    def recorded_launch(self, grid, args):
+        events.append("launch")
+        return launch_by_triton(self, grid, args)
+
+    def recorded_item(t):
+        events.append("read")
+        return item(t)
+
+    monkeypatch.setattr(launcher.Launcher, "_launch_by_triton", recorded_launch)
+    monkeypatch.setattr(torch.Tensor, "item", recorded_item)
+    return events
+
+
+@pytest.mark.parametrize("bad", [None, 40])
+def test_the_target_check_reads_the_host_after_the_kernels_are_launched(monkeypatch, bad):
+    """The check's one host read waits for the device only once the op's kernels are queued (a read
+    before them would idle the device while the host launched them); bad targets still raise."""
+    logits = torch.randn(5, 9, device=DEVICE)
+    target = make_counted_target(5, 9, 0.3)
+    if bad is not None:
+        target[2] = bad
+    events = _record_launches_and_reads(monkeypatch)
+    if bad is None:
+        torch.ops.liger.cross_entropy(logits, target)
+    else:
+        with pytest.raises(ValueError, match=r"target holds \[40\]"):
+            torch.ops.liger.cross_entropy(logits, target)
+    assert "launch" in events and "read" in events, events
+    assert events.index("read") > max(i for i, e in enumerate(events) if e == "launch"), events
+
+
 def test_bad_target_rows_are_nan_where_the_check_cannot_run():
     """Kernels never index with a bad target: its row's loss and gradient are NaN."""
     o = Options(IGNORE, 0.0, "none", 0.0, None)

@@ -304,6 +304,22 @@ def test_bad_targets_raise_a_clear_error(bad):
         liger.fused_linear_cross_entropy(x, weight, target)
 
 
+@pytest.mark.parametrize("with_grads", [False, True])
+def test_the_target_check_reads_the_host_after_the_walk_is_launched(monkeypatch, with_grads):
+    """The one host read of the target check comes after every chunk's kernels are queued, in the
+    forward alone and in the forward that also computes the gradients."""
+    from tests.test_cross_entropy import _record_launches_and_reads
+
+    x = torch.randn(6, 4, device=DEVICE, requires_grad=with_grads)
+    weight = torch.randn(7, 4, device=DEVICE, requires_grad=with_grads)
+    target = torch.tensor([0, IGNORE, 3, 6, 1, 2], device=DEVICE)
+    events = _record_launches_and_reads(monkeypatch)
+    with torch.set_grad_enabled(with_grads):
+        liger.fused_linear_cross_entropy(x, weight, target)
+    assert "launch" in events and "read" in events, events
+    assert events.index("read") > max(i for i, e in enumerate(events) if e == "launch"), events
+
+
 def _t(*shape, dtype=torch.float32):
     return torch.zeros(shape, dtype=dtype, device=DEVICE)
 

@@ -10,12 +10,11 @@ binds them):
 The row pieces (``forward_rows``, ``backward_rows``, ``reduce_rows``,
 ``row_scales``) are what fused_linear_cross_entropy runs on each chunk.
 
-Targets are checked on the host before the forward launches
-(``check_targets``): one fused comparison and reduction over the targets and
-one device-to-host read of its result, the only synchronization of the op.
-Where a read is impossible (while torch.compile traces the launches, or
-during CUDA graph capture) the check is skipped and a bad target's row
-yields NaN (kernels.py), never a read out of bounds.
+Targets are checked around the forward's launches (targets.py): the host
+reads one value, the only synchronization of the op, after the kernels are
+enqueued.  Where a read is impossible (while torch.compile traces the
+launches, or during CUDA graph capture) the check is skipped and a bad
+target's row yields NaN (kernels.py), never a read out of bounds.
 """
 
 from __future__ import annotations
@@ -25,10 +24,11 @@ import functools
 import torch
 import triton.language as tl
 
-from csrc_free_ops import device, launcher
+from csrc_free_ops import device
 from csrc_free_ops.cross_entropy import kernels, plan, reference
 from csrc_free_ops.cross_entropy.plan import Plan
 from csrc_free_ops.cross_entropy.reference import Options, Rows
+from csrc_free_ops.cross_entropy.targets import check_targets, checked_targets
 from csrc_free_ops.launcher import Launcher, placeholder
 
 
@@ -67,19 +67,6 @@ def _kernel_options(o: Options) -> Options:
     argument; reduction: applied by torch ops) set to their defaults, so
     launchers are shared across them."""
     return o._replace(ignore_index=-100, reduction="mean")
-
-
-def check_targets(op: str, target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
-    """ValueError naming the first bad targets: outside [0, n_classes) and not ignore_index."""
-    if launcher.tracing() or (target.is_cuda and torch.cuda.is_current_stream_capturing()) or target.numel() == 0:
-        return
-    bad = (target != ignore_index) & ((target < 0) | (target >= n_classes))
-    if bad.any().item():
-        values = target[bad][:5].tolist()
-        raise ValueError(
-            f"{op}: target holds {values} (first of {int(bad.sum())} bad), outside [0, {n_classes}) and not "
-            f"ignore_index={ignore_index}"
-        )
 
 
 def weight_sum(weight: torch.Tensor | None, o: Options, ct: torch.dtype, like: torch.Tensor) -> torch.Tensor:
@@ -202,8 +189,8 @@ def _options(ignore_index, label_smoothing, reduction, lse_square_scale, softcap
 
 def cuda_forward(logits, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale, softcap):
     o = _options(ignore_index, label_smoothing, reduction, lse_square_scale, softcap)
-    check_targets(OP, target, logits.shape[1], ignore_index)
-    return forward(logits, target, weight, o, plan.cuda(*logits.shape))
+    with checked_targets(OP, target, logits.shape[1], ignore_index):
+        return forward(logits, target, weight, o, plan.cuda(*logits.shape))
 
 
 def cuda_backward(
@@ -220,10 +207,11 @@ def npu_plan(logits: torch.Tensor, has_weight: bool) -> Plan:
 
 def npu_forward(logits, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale, softcap):
     o = _options(ignore_index, label_smoothing, reduction, lse_square_scale, softcap)
-    check_targets(OP, target, logits.shape[1], ignore_index)
     if logits.dtype == torch.float64:
+        check_targets(OP, target, logits.shape[1], ignore_index)
         return reference.forward(logits, target, weight, o)
-    return forward(logits, target, weight, o, npu_plan(logits, weight is not None))
+    with checked_targets(OP, target, logits.shape[1], ignore_index):
+        return forward(logits, target, weight, o, npu_plan(logits, weight is not None))
 
 
 def npu_backward(

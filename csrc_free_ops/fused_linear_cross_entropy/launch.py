@@ -34,6 +34,7 @@ from csrc_free_ops import device
 from csrc_free_ops.cross_entropy import launch as ce
 from csrc_free_ops.cross_entropy import plan as ce_plan
 from csrc_free_ops.cross_entropy.reference import Options
+from csrc_free_ops.cross_entropy.targets import check_targets, checked_targets
 from csrc_free_ops.fused_linear_cross_entropy import plan, reference
 from csrc_free_ops.fused_linear_cross_entropy.plan import Plan
 
@@ -273,8 +274,8 @@ def _npu_plan(x: torch.Tensor, weight: torch.Tensor, ce_weight: torch.Tensor | N
 
 def cuda_forward(x, weight, target, bias, ce_weight, *options):
     o = _options(*options)
-    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
-    return forward(x, weight, target, bias, ce_weight, o, _cuda_plan(x, weight))
+    with checked_targets(OP, target, weight.shape[0], o.ignore_index):
+        return forward(x, weight, target, bias, ce_weight, o, _cuda_plan(x, weight))
 
 
 def _op_grads(grads: tuple, x: torch.Tensor) -> tuple:
@@ -293,10 +294,11 @@ def cuda_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_a
 
 def npu_forward(x, weight, target, bias, ce_weight, *options):
     o = _options(*options)
-    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
     if x.dtype == torch.float64:
+        check_targets(OP, target, weight.shape[0], o.ignore_index)
         return reference.forward(x, weight, target, bias, ce_weight, o)
-    return forward(x, weight, target, bias, ce_weight, o, _npu_plan(x, weight, ce_weight))
+    with checked_targets(OP, target, weight.shape[0], o.ignore_index):
+        return forward(x, weight, target, bias, ce_weight, o, _npu_plan(x, weight, ce_weight))
 
 
 def npu_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_and_mask):
@@ -309,7 +311,7 @@ def npu_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *options_an
 
 def reference_forward(x, weight, target, bias, ce_weight, *options):
     o = _options(*options)
-    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    check_targets(OP, target, weight.shape[0], o.ignore_index)
     return reference.forward(x, weight, target, bias, ce_weight, o)
 
 
@@ -320,19 +322,20 @@ def reference_backward(grad_loss, x, weight, target, lse, bias, ce_weight, *opti
 
 def cuda_forward_with_grads(x, weight, target, bias, ce_weight, *options_and_mask):
     o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
-    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
-    return forward_with_grads(x, weight, target, bias, ce_weight, o, mask, _cuda_plan(x, weight))
+    with checked_targets(OP, target, weight.shape[0], o.ignore_index):
+        return forward_with_grads(x, weight, target, bias, ce_weight, o, mask, _cuda_plan(x, weight))
 
 
 def npu_forward_with_grads(x, weight, target, bias, ce_weight, *options_and_mask):
     o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
-    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
     if x.dtype == torch.float64:
+        check_targets(OP, target, weight.shape[0], o.ignore_index)
         return reference.forward_with_grads(x, weight, target, bias, ce_weight, o, mask)
-    return forward_with_grads(x, weight, target, bias, ce_weight, o, mask, _npu_plan(x, weight, ce_weight))
+    with checked_targets(OP, target, weight.shape[0], o.ignore_index):
+        return forward_with_grads(x, weight, target, bias, ce_weight, o, mask, _npu_plan(x, weight, ce_weight))
 
 
 def reference_forward_with_grads(x, weight, target, bias, ce_weight, *options_and_mask):
     o, mask = _options(*options_and_mask[:5]), tuple(options_and_mask[5])
-    ce.check_targets(OP, target, weight.shape[0], o.ignore_index)
+    check_targets(OP, target, weight.shape[0], o.ignore_index)
     return reference.forward_with_grads(x, weight, target, bias, ce_weight, o, mask)
