@@ -104,7 +104,7 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r = rows(logits, target, weight, o)
     loss, z = reduce(r, o, logits.dtype)
-    return loss, z, r.lse
+    return loss, z, torch.where(r.valid, r.lse, torch.zeros_like(r.lse))  # 0 where ignored, as the kernels store
 
 
 def backward(
