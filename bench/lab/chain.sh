@@ -109,6 +109,13 @@ for step in "$@"; do
       # the eager diffusion steps with the host's side of each (launches, syncs, top self-CPU ops per step)
       run_step steps_diffusion_host python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 3 \
         --layout contiguous,channels_last --host-profile --out "$RESULTS/steps_diffusion_host" ;;
+    steps_unet_off-*)
+      # steps_unet_off-<keyword>[+<keyword>...]: the eager UNet in both layouts, ours with those
+      # apply_liger_ops keywords off (host_at_shapes-unet: layer_norm costs 1.5x native's host time there)
+      off=${step#steps_unet_off-}
+      run_step "$step" python3 -m bench.steps --models unet --modes eager --quick --rounds 3 \
+        --layout contiguous,channels_last --host-profile --providers native,liger --liger-off "${off//+/,}" \
+        --out "$RESULTS/$step" ;;
     steps_diffusion)
       run_step steps_diffusion python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 5 \
         --layout contiguous,channels_last --out "$RESULTS/steps_diffusion" ;;
