@@ -54,6 +54,10 @@ for step in "$@"; do
         --layout contiguous,channels_last --out "$RESULTS/steps_compiled" ;;
     probe_group_norm)
       run_step probe_group_norm python3 -m bench.lab.probe_group_norm ;;
+    probe_group_norm-*)
+      # probe_group_norm-<i>[+<i>...]: those of its SHAPES only (6: the UNet's one-pass shape)
+      idx=${step#probe_group_norm-}
+      run_step "$step" python3 -m bench.lab.probe_group_norm --shapes "${idx//+/,}" ;;
     probe_nhwc)
       run_step probe_nhwc python3 -m bench.lab.probe_group_norm_nhwc --out "$RESULTS/probe_nhwc.md" ;;
     probe_nhwc_quick)

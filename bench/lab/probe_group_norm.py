@@ -45,6 +45,7 @@ SHAPES = [  # (N, C, H, W): the diffusion set, then the large one as (N, C, L)
     (4, 512, 128, 128),
     (1, 128, 512, 512),
     (8, 512, 4096),
+    (4, 960, 64, 64),  # SD 1.5 UNet B4's widest 64x64 norm, where plan.cuda takes one-pass (v30)
 ]
 GROUPS = 32
 EPS = 1e-5
