@@ -157,6 +157,16 @@ def test_bad_targets_raise_a_clear_error(bad):
         torch.ops.liger.cross_entropy(logits, target)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_bad_targets_with_class_weights_raise_the_target_error(reduction):
+    """The weights' lookup per row runs before the check's read: a bad target must not index past them."""
+    logits = torch.randn(4, 9, device=DEVICE, requires_grad=True)
+    weight = torch.rand(9, device=DEVICE) + 0.5
+    target = torch.tensor([1, 40, IGNORE, -5], device=DEVICE)
+    with pytest.raises(ValueError, match=r"target holds \[40, -5\] \(first of 2 bad\)"):
+        torch.ops.liger.cross_entropy(logits, target, weight, reduction=reduction)
+
+
 def _record_launches_and_reads(monkeypatch) -> list[str]:
     """The order of the kernel launches and the host reads (Tensor.item) that follow."""
     from csrc_free_ops import launcher

@@ -305,6 +305,18 @@ def test_bad_targets_raise_a_clear_error(bad):
 
 
 @pytest.mark.parametrize("with_grads", [False, True])
+def test_bad_targets_with_class_weights_raise_the_target_error(with_grads):
+    """The class weights' lookup per row (the mean's denominator, the gradients' scales) runs before the
+    check's read: a bad target must not index past them."""
+    x = torch.randn(4, 4, device=DEVICE, requires_grad=with_grads)
+    weight = torch.randn(7, 4, device=DEVICE, requires_grad=with_grads)
+    ce_weight = torch.rand(7, device=DEVICE) + 0.5
+    target = torch.tensor([0, 9, IGNORE, 3], device=DEVICE)
+    with torch.set_grad_enabled(with_grads), pytest.raises(ValueError, match=r"target holds \[9\]"):
+        liger.fused_linear_cross_entropy(x, weight, target, ce_weight=ce_weight)
+
+
+@pytest.mark.parametrize("with_grads", [False, True])
 def test_the_target_check_reads_the_host_after_the_walk_is_launched(monkeypatch, with_grads):
     """The one host read of the target check comes after every chunk's kernels are queued, in the
     forward alone and in the forward that also computes the gradients."""

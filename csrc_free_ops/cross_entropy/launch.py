@@ -97,6 +97,15 @@ def forward_rows(
     )  # fmt: skip
 
 
+def _target_weights(
+    weight: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """weight[y] per row in dtype, 0 where ignored.  A bad target reads a clamped class, never out of
+    bounds: its row is NaN (the kernels), and the check raises once the op's launches are queued."""
+    index = torch.where(valid, target, 0).clamp_(0, weight.shape[0] - 1)
+    return torch.where(valid, weight.to(dtype)[index], 0.0)
+
+
 def row_scales(
     grad_loss: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, o: Options, ct: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -114,7 +123,7 @@ def row_scales(
     n = valid.sum().to(ct)
     if weight is None:
         return g / n, g / n, 0
-    w_y = torch.where(valid, weight.to(ct)[torch.where(valid, target, 0)], 0.0)
+    w_y = _target_weights(weight, target, valid, ct)
     return g / w_y.sum(), g / n, 0
 
 
@@ -150,7 +159,7 @@ def reduce_rows(
     if weight is None or o.reduction != "mean":
         w_y = valid.to(loss.dtype)
     else:
-        w_y = torch.where(valid, weight.to(loss.dtype)[torch.where(valid, target, 0)], 0.0)
+        w_y = _target_weights(weight, target, valid, loss.dtype)
     return reference.reduce(Rows(loss, z_loss, loss, valid, w_y), o, dtype)
 
 
