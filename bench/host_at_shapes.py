@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from bench import host_overhead, host_profile
 
 KINDS = ("fwd", "fwd+bwd")
 PATHS = ("native", "fast", "liger")
@@ -127,33 +128,13 @@ def _step(shape: Shape, path: str, kind: str, device: str, dtype: Any) -> Callab
     return lambda: torch.autograd.grad(fn(*args), args, dy)
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def host_us(step: Callable[[], object], device: str, iters: int) -> float:
     """Median microseconds for one call to return, each started on an idle device."""
-    times = []
-    for _ in range(iters):
-        _sync(device)
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    _sync(device)
-    return statistics.median(times) * 1e6
+    return statistics.median(host_profile.host_ms(step, device, iters)) * 1e3
 
 
-def wall_us(step: Callable[[], object], device: str, iters: int) -> float:
-    """Microseconds per call of ``iters`` calls back to back, synchronized at the end."""
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-    _sync(device)
-    return (time.perf_counter() - t0) / iters * 1e6
+# Microseconds per call of calls back to back, synchronized at the end (host_us leaves the device idle).
+wall_us = host_overhead.time_us
 
 
 def measure(shapes: list[Shape], device: str, dtype: Any, iters: int, repeats: int) -> dict[tuple, list[float]]:
