@@ -122,3 +122,23 @@ class TorchPolyNorm(nn.Module):
     def forward(self, x):
         w = self.weight
         return w[0] * self._norm(x**3) + w[1] * self._norm(x**2) + w[2] * self._norm(x) + self.bias
+
+
+def record_launches_and_reads(monkeypatch) -> list[str]:
+    """The order of the kernel launches and the host reads (Tensor.item) that follow."""
+    from csrc_free_ops import launcher
+
+    events: list[str] = []
+    call, item = launcher.Launcher.__call__, torch.Tensor.item
+
+    def recorded_launch(self, grid, *args):  # every launch of the loss ops, interpreted or on a GPU
+        events.append("launch")
+        return call(self, grid, *args)
+
+    def recorded_item(t):
+        events.append("read")
+        return item(t)
+
+    monkeypatch.setattr(launcher.Launcher, "__call__", recorded_launch)
+    monkeypatch.setattr(torch.Tensor, "item", recorded_item)
+    return events

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from csrc_free_ops.cross_entropy import launch, plan, reference
 from csrc_free_ops.cross_entropy.reference import Options
-from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_ref
+from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_ref, record_launches_and_reads
 
 IGNORE = -100
 
@@ -167,26 +167,6 @@ def test_bad_targets_with_class_weights_raise_the_target_error(reduction):
         torch.ops.liger.cross_entropy(logits, target, weight, reduction=reduction)
 
 
-def _record_launches_and_reads(monkeypatch) -> list[str]:
-    """The order of the kernel launches and the host reads (Tensor.item) that follow."""
-    from csrc_free_ops import launcher
-
-    events: list[str] = []
-    call, item = launcher.Launcher.__call__, torch.Tensor.item
-
-    def recorded_launch(self, grid, *args):  # every launch of the loss ops, interpreted or on a GPU
-        events.append("launch")
-        return call(self, grid, *args)
-
-    def recorded_item(t):
-        events.append("read")
-        return item(t)
-
-    monkeypatch.setattr(launcher.Launcher, "__call__", recorded_launch)
-    monkeypatch.setattr(torch.Tensor, "item", recorded_item)
-    return events
-
-
 @pytest.mark.parametrize("bad", [None, 40])
 def test_the_target_check_reads_the_host_after_the_kernels_are_launched(monkeypatch, bad):
     """The check's one host read waits for the device only once the op's kernels are queued (a read
@@ -195,7 +175,7 @@ def test_the_target_check_reads_the_host_after_the_kernels_are_launched(monkeypa
     target = make_counted_target(5, 9, 0.3)
     if bad is not None:
         target[2] = bad
-    events = _record_launches_and_reads(monkeypatch)
+    events = record_launches_and_reads(monkeypatch)
     if bad is None:
         torch.ops.liger.cross_entropy(logits, target)
     else:

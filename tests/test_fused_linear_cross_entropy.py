@@ -14,7 +14,7 @@ from csrc_free_ops.cross_entropy import plan as ce_plan
 from csrc_free_ops.cross_entropy import reference as ce_reference
 from csrc_free_ops.cross_entropy.reference import Options
 from csrc_free_ops.fused_linear_cross_entropy import launch, plan, reference
-from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_scale
+from tests.helpers import ALL_DTYPES, DEVICE, OPCHECK_UTILS, assert_close_to_scale, record_launches_and_reads
 from tests.test_cross_entropy import IGNORE, make_counted_target, make_target, options
 
 liger = torch.ops.liger
@@ -320,12 +320,10 @@ def test_bad_targets_with_class_weights_raise_the_target_error(with_grads):
 def test_the_target_check_reads_the_host_after_the_walk_is_launched(monkeypatch, with_grads):
     """The one host read of the target check comes after every chunk's kernels are queued, in the
     forward alone and in the forward that also computes the gradients."""
-    from tests.test_cross_entropy import _record_launches_and_reads
-
     x = torch.randn(6, 4, device=DEVICE, requires_grad=with_grads)
     weight = torch.randn(7, 4, device=DEVICE, requires_grad=with_grads)
     target = torch.tensor([0, IGNORE, 3, 6, 1, 2], device=DEVICE)
-    events = _record_launches_and_reads(monkeypatch)
+    events = record_launches_and_reads(monkeypatch)
     with torch.set_grad_enabled(with_grads):
         liger.fused_linear_cross_entropy(x, weight, target)
     assert "launch" in events and "read" in events, events
