@@ -216,9 +216,25 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx._grads = output[3:] if len(output) > 3 else None
 
 
-def _scaled(grads: tuple, grad_loss, needed: list[bool]) -> tuple:
-    """The forward's unit-grad_loss gradients times grad_loss, in place (the formula owns them)."""
-    return tuple(g.mul_(grad_loss) if g is not None and need else None for g, need in zip(grads, needed, strict=True))
+def _scaled(grads: tuple, grad_loss: torch.Tensor, needed: list[bool]) -> tuple:
+    """The forward's unit-grad_loss gradients times grad_loss, in place (the formula owns them): one
+    ``_foreach_mul_`` per dtype, with grad_loss cast to it.  ``g.mul_(grad_loss)`` by a 0-d CUDA tensor runs
+    TensorIterator's unvectorized broadcast kernel (a grad_weight-sized pass at half the memory rate); the
+    foreach kernel reads the scalar once and vectorizes, and takes it only in the list's dtype.  The math
+    is mul_'s on CUDA, which casts the scalar to g's dtype too; on the CPU the foreach is mul_ per tensor,
+    and other devices take mul_ by the cast scalar."""
+    kept = tuple(g if g is not None and need else None for g, need in zip(grads, needed, strict=True))
+    live = [g for g in kept if g is not None]
+    foreach = grad_loss.device.type in ("cuda", "cpu") and not torch.compiler.is_compiling()
+    for dtype in dict.fromkeys(g.dtype for g in live):
+        same = [g for g in live if g.dtype == dtype]
+        scale = grad_loss.to(dtype)
+        if foreach:
+            torch._foreach_mul_(same, scale)
+        else:
+            for g in same:
+                g.mul_(scale)
+    return kept
 
 
 def _backward(ctx, grad_loss, grad_z_loss, grad_lse):

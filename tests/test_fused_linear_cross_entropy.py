@@ -387,6 +387,31 @@ def test_a_recorded_scalar_loss_takes_its_gradients_in_the_forward_walk(monkeypa
     assert loss.grad_fn._grads is None  # taken by the backward, which owned them alone
 
 
+def test_held_gradients_are_scaled_by_one_foreach_call_per_dtype(monkeypatch):
+    """bf16 x with a float32 head and bias: each dtype's held gradients are scaled by one _foreach_mul_ with
+    grad_loss in that dtype (per-tensor mul_ by a 0-d CUDA tensor runs unvectorized), here by a grad_loss
+    that bf16 cannot hold exactly."""
+    calls = []
+    foreach_mul_ = torch._foreach_mul_
+
+    def recorded(tensors, scale):
+        calls.append((tuple(t.dtype for t in tensors), scale.dtype, scale.shape))
+        return foreach_mul_(tensors, scale)
+
+    monkeypatch.setattr(torch, "_foreach_mul_", recorded)
+    walks = _Walks(monkeypatch)
+    x, weight, bias, target = _head()
+    x = x.detach().to(torch.bfloat16).requires_grad_()
+    loss = liger.fused_linear_cross_entropy(x, weight, target, bias)[0]
+    assert walks.take()["forward_with_grads"] == 1
+    grad_loss = torch.tensor(1.0 / 3.0, device=DEVICE)
+    grads = torch.autograd.grad(loss, (x, weight, bias), grad_loss)
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert sorted(calls, key=str) == sorted([((bf16,), bf16, ()), ((fp32, fp32), fp32, ())], key=str)
+    assert [g.dtype for g in grads] == [bf16, fp32, fp32]
+    assert_matches_reference(loss, grads, x, weight, target, bias, None, Options(), grad_loss)
+
+
 def test_a_modules_head_takes_the_forward_walk(monkeypatch):
     """The LM head is an nn.Parameter (a Tensor subclass of no dispatch of its own), as in every model."""
     walks = _Walks(monkeypatch)
