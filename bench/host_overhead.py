@@ -80,6 +80,7 @@ TINY = {
     "layer_norm": {"M": 4, "H": 64},
     "swiglu": {"T": 4, "F": 64},
     "geglu": {"T": 4, "F": 64},
+    "geglu_exact": {"T": 4, "F": 64},
 }
 PROVIDER_PATHS = ("liger", "fast", "liger_kernel", "compile", "torch")
 YARDSTICKS = ("native", "floor", "floor_pair")

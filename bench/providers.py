@@ -456,6 +456,14 @@ def torch_geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def torch_geglu_exact(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """diffusers' GEGLU after its projection: up * gelu(gate), the exact GELU."""
+    return up * F.gelu(gate)
+
+
+GLU_REFERENCES = {"swiglu": torch_swiglu, "geglu": torch_geglu, "geglu_exact": torch_geglu_exact}
+
+
 def glu_inputs(shape: dict[str, Any], device: str):
     """gate and up (T, F), two projections' outputs, requiring grad."""
     dt, g = _dtype(shape), _generator(device)
@@ -465,8 +473,10 @@ def glu_inputs(shape: dict[str, Any], device: str):
 
 
 def _build_glu(op: str, provider: str, shape: dict[str, Any], device: str) -> Built:
+    if provider == "liger_kernel" and "no_upstream" in shape:
+        raise ProviderUnavailable(shape["no_upstream"])
     gate, up = glu_inputs(shape, device)
-    reference = torch_swiglu if op == "swiglu" else torch_geglu
+    reference = GLU_REFERENCES[op]
     if provider == "liger":
         _liger_ops()
         fn = getattr(torch.ops.liger, op)

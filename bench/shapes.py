@@ -87,7 +87,9 @@ from typing import Any
 
 # rope's keyword options, one op key each (bench/rope_variants.py).
 ROPE_VARIANTS = ("rope_position_ids", "rope_interleaved", "rope_partial", "rope_k_only", "rope_mrope", "rope_packed")
-GLU_OPS = ("swiglu", "geglu")
+GLU_OPS = ("swiglu", "geglu", "geglu_exact")
+# Upstream Liger-Kernel has no gated unit with the exact (erf) GELU.
+NO_EXACT_GELU = "upstream has no exact-GELU gated unit"
 LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 OPS = (
     "poly_norm",
@@ -193,13 +195,16 @@ def _poly_norm(set_name: str) -> list[Sweep]:
 
 def _glu(op: str, set_name: str) -> list[Sweep]:
     """x = T tokens; F the intermediate size."""
+    rival = {"no_upstream": NO_EXACT_GELU} if op == "geglu_exact" else {}
     if set_name == "seeds":
-        return [Sweep(op, set_name, "T", "total tokens", _pow2(1024, 16384), {"F": 14336, "dtype": "bfloat16"})]
+        return [
+            Sweep(op, set_name, "T", "total tokens", _pow2(1024, 16384), {"F": 14336, "dtype": "bfloat16", **rival})
+        ]
     if set_name == "large":
-        return [Sweep(op, set_name, "T", "total tokens", (16384,), {"F": f, "dtype": "bfloat16", "variant": v})
+        return [Sweep(op, set_name, "T", "total tokens", (16384,), {"F": f, "dtype": "bfloat16", "variant": v, **rival})
                 for f, v in ((14336, "llama3_8b"), (24576, "gemma_7b"))]  # fmt: skip
     if set_name == "tiny":
-        return [Sweep(op, set_name, "T", "total tokens", (4,), {"F": 40, "dtype": "float32"})]
+        return [Sweep(op, set_name, "T", "total tokens", (4,), {"F": 40, "dtype": "float32", **rival})]
     return []
 
 

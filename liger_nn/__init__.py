@@ -2,7 +2,7 @@
 with the signatures of the layers they replace."""
 
 import registrations  # noqa: F401  (defines torch.ops.liger.*)
-from liger_nn.glu import GeGLUMLP, SwiGLUMLP, geglu, swiglu
+from liger_nn.glu import GEGLU, GeGLUMLP, SwiGLUMLP, geglu, geglu_exact, swiglu
 from liger_nn.group_norm import GroupNorm
 from liger_nn.hf_rotary import (
     apply_rotary_pos_emb_glm,
@@ -18,6 +18,7 @@ from liger_nn.rms_norm import RMSNorm
 from liger_nn.rope import apply_rotary_pos_emb
 
 __all__ = [
+    "GEGLU",
     "GeGLUMLP",
     "GroupNorm",
     "LayerNorm",
@@ -36,5 +37,6 @@ __all__ = [
     "apply_rotary_pos_emb_vision",
     "causal_lm_loss",
     "geglu",
+    "geglu_exact",
     "swiglu",
 ]

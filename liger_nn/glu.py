@@ -1,5 +1,5 @@
-"""Gated MLPs backed by torch.ops.liger.swiglu / geglu: the projections stay
-nn.Linear (cuBLAS matmuls), the elementwise part is one fused op."""
+"""Gated MLPs backed by torch.ops.liger.swiglu / geglu / geglu_exact: the
+projections stay nn.Linear (cuBLAS matmuls), the elementwise part is one fused op."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from registrations.eager import eager_call
 # The ops, called without the dispatcher's crossing in plain eager calls (registrations/eager.py).
 swiglu = eager_call(torch.ops.liger.swiglu)
 geglu = eager_call(torch.ops.liger.geglu)
+geglu_exact = eager_call(torch.ops.liger.geglu_exact)
 
 
 class GatedMLP(nn.Module):
@@ -49,3 +50,29 @@ class GeGLUMLP(GatedMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(geglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class GEGLU(nn.Module):
+    """diffusers' ``GEGLU`` (``diffusers.models.activations``, the feed-forward of SD 1.5's and SDXL's
+    transformer blocks): ``proj`` one nn.Linear to ``2 * dim_out``, whose halves are ``[up | gate]``,
+    then ``gelu(gate) * up`` with the exact GELU.  The halves are read in place (geglu_exact takes
+    strided rows), so the projection is not copied.  Extra arguments are ignored, as diffusers'
+    forward ignores its deprecated ``scale``."""
+
+    def __init__(self, dim_in: int, dim_out: int, bias: bool = True, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim_out * 2, bias=bias, device=device, dtype=dtype)
+
+    @classmethod
+    def from_projection(cls, proj: nn.Linear) -> GEGLU:
+        """The module holding this Linear itself (its Parameters, dtype and device)."""
+        if proj.out_features % 2:
+            raise ValueError(f"GEGLU: proj.out_features must be even ([up | gate] halves), got {proj.out_features}")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.proj = proj
+        return module
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        up, gate = self.proj(hidden_states).chunk(2, dim=-1)
+        return geglu_exact(gate, up)

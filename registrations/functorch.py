@@ -65,6 +65,9 @@ from registrations.glu import (
     GEGLU,
     GEGLU_BACKWARD,
     GEGLU_BACKWARD_,
+    GEGLU_EXACT,
+    GEGLU_EXACT_BACKWARD,
+    GEGLU_EXACT_BACKWARD_,
     SWIGLU,
     SWIGLU_BACKWARD,
     SWIGLU_BACKWARD_,
@@ -232,8 +235,11 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     SWIGLU_BACKWARD: _pointwise_vmap(SWIGLU_BACKWARD),
     GEGLU: _pointwise_vmap(GEGLU),
     GEGLU_BACKWARD: _pointwise_vmap(GEGLU_BACKWARD),
+    GEGLU_EXACT: _pointwise_vmap(GEGLU_EXACT),
+    GEGLU_EXACT_BACKWARD: _pointwise_vmap(GEGLU_EXACT_BACKWARD),
     SWIGLU_BACKWARD_: _per_sample(SWIGLU_BACKWARD_),
     GEGLU_BACKWARD_: _per_sample(GEGLU_BACKWARD_),
+    GEGLU_EXACT_BACKWARD_: _per_sample(GEGLU_EXACT_BACKWARD_),
     FUSED_LINEAR_CROSS_ENTROPY: _per_sample(FUSED_LINEAR_CROSS_ENTROPY),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD),
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS),
@@ -328,6 +334,10 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     SWIGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["swiglu"])),
     GEGLU: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["geglu"])),
     GEGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["geglu"])),
+    GEGLU_EXACT: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["geglu_exact"])),
+    GEGLU_EXACT_BACKWARD: _by_reference(
+        functools.partial(glu_reference.backward, activation=ACTIVATION["geglu_exact"])
+    ),
     FUSED_LINEAR_CROSS_ENTROPY: _loss_only(_by_reference(fused_linear_cross_entropy_launch.reference_forward)),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _by_reference(fused_linear_cross_entropy_launch.reference_backward),
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: _loss_only(
@@ -396,7 +406,8 @@ _not_differentiable(
     ROPE_, "it writes in place, for inference and KV caches",
     "liger.rope (out of place), whose gradients and tangents flow to q and k",
 )  # fmt: skip
-for _in_place, _out_of_place in ((SWIGLU_BACKWARD_, "swiglu_backward"), (GEGLU_BACKWARD_, "geglu_backward")):
+for _in_place, _out_of_place in ((SWIGLU_BACKWARD_, "swiglu_backward"), (GEGLU_BACKWARD_, "geglu_backward"),
+                                  (GEGLU_EXACT_BACKWARD_, "geglu_exact_backward")):  # fmt: skip
     _not_differentiable(_in_place, "it writes the gradients over gate and up", f"liger.{_out_of_place}")
 for _op, _rule in VMAP_RULES.items():
     torch.library.register_vmap(_op, _with_defaults(_op, _rule), lib=LIB)

@@ -15,6 +15,11 @@ geglu(gate, up) -> y
     y = gelu(gate, approximate='tanh') * up (Gemma's MLP); as swiglu.
 geglu_backward(grad_out, gate, up) -> (dgate, dup)
     As swiglu_backward, with GELU's tanh approximation.
+geglu_exact(gate, up) -> y
+    y = gelu(gate) * up with torch's exact (erf) GELU, F.gelu's default
+    (diffusers' GEGLU, in SD 1.5's and SDXL's UNets); as swiglu.
+geglu_exact_backward(grad_out, gate, up) -> (dgate, dup)
+    As swiglu_backward, with the exact GELU.
 swiglu_backward_(grad_out, gate, up) -> ()
     swiglu_backward in place: dgate written over gate, dup over up
     (contiguous, neither sharing memory with the other or with grad_out).
@@ -24,6 +29,8 @@ swiglu_backward_(grad_out, gate, up) -> ()
     memory for its two gradients.
 geglu_backward_(grad_out, gate, up) -> ()
     geglu_backward in place; as swiglu_backward_.
+geglu_exact_backward_(grad_out, gate, up) -> ()
+    geglu_exact_backward in place; as swiglu_backward_.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from registrations._library import (
 )
 
 # op name -> its activation (csrc_free_ops/glu/reference.py: ACTIVATIONS)
-ACTIVATION = {"swiglu": "silu", "geglu": "gelu_tanh"}
+ACTIVATION = {"swiglu": "silu", "geglu": "gelu_tanh", "geglu_exact": "gelu"}
 
 
 def _check_inputs(op: str, gate: torch.Tensor, up: torch.Tensor) -> None:
@@ -184,3 +191,4 @@ def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload, to
 
 SWIGLU, SWIGLU_BACKWARD, SWIGLU_BACKWARD_ = _define("swiglu")
 GEGLU, GEGLU_BACKWARD, GEGLU_BACKWARD_ = _define("geglu")
+GEGLU_EXACT, GEGLU_EXACT_BACKWARD, GEGLU_EXACT_BACKWARD_ = _define("geglu_exact")

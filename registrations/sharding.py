@@ -62,7 +62,7 @@ Per op, on one mesh dimension (R = Replicate, S(d) = Shard(d), P = Partial sum):
   divides by the count over all rows).  Backward likewise, grad_loss S(0)
   (none) or R (sum).  Logits sharded over the classes are redistributed
   (gathered): no vocabulary-parallel loss.
-* swiglu, geglu (pointwise): gate and up both S(d), any d -> y S(d) (tensor
+* swiglu, geglu, geglu_exact (pointwise): gate and up both S(d), any d -> y S(d) (tensor
   parallel: gate_proj and up_proj column-sharded alike give S(-1); sequence
   parallel: S on a leading dim).  Backward: grad_out, gate, up S(d) ->
   dgate, dup S(d).  Gate and up placed differently are redistributed.
@@ -95,7 +95,17 @@ from registrations.fused_linear_cross_entropy import (
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD,
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS,
 )
-from registrations.glu import GEGLU, GEGLU_BACKWARD, GEGLU_BACKWARD_, SWIGLU, SWIGLU_BACKWARD, SWIGLU_BACKWARD_
+from registrations.glu import (
+    GEGLU,
+    GEGLU_BACKWARD,
+    GEGLU_BACKWARD_,
+    GEGLU_EXACT,
+    GEGLU_EXACT_BACKWARD,
+    GEGLU_EXACT_BACKWARD_,
+    SWIGLU,
+    SWIGLU_BACKWARD,
+    SWIGLU_BACKWARD_,
+)
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -180,6 +190,8 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     SWIGLU_BACKWARD: lambda a: [True, True],
     GEGLU: lambda a: [True],
     GEGLU_BACKWARD: lambda a: [True, True],
+    GEGLU_EXACT: lambda a: [True],
+    GEGLU_EXACT_BACKWARD: lambda a: [True, True],
     FUSED_LINEAR_CROSS_ENTROPY: lambda a: [True, True, True],
     # the backward op's grad_x is an empty tensor where the mask leaves it out
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [True, *_loss_grads(a)[1:]],
@@ -494,6 +506,8 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     SWIGLU_BACKWARD: _rule(SWIGLU_BACKWARD, _glu_backward),
     GEGLU: _rule(GEGLU, _glu),
     GEGLU_BACKWARD: _rule(GEGLU_BACKWARD, _glu_backward),
+    GEGLU_EXACT: _rule(GEGLU_EXACT, _glu),
+    GEGLU_EXACT_BACKWARD: _rule(GEGLU_EXACT_BACKWARD, _glu_backward),
     FUSED_LINEAR_CROSS_ENTROPY: _rule(FUSED_LINEAR_CROSS_ENTROPY, _fused_linear_cross_entropy),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _rule(
         FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, _fused_linear_cross_entropy_backward
@@ -512,6 +526,7 @@ HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     ROPE_: _rope_inplace,
     SWIGLU_BACKWARD_: _glu_in_place(SWIGLU_BACKWARD_),
     GEGLU_BACKWARD_: _glu_in_place(GEGLU_BACKWARD_),
+    GEGLU_EXACT_BACKWARD_: _glu_in_place(GEGLU_EXACT_BACKWARD_),
 }
 
 for _op, _fn in RULES.items():

@@ -206,13 +206,13 @@ def _launch_every_path() -> None:
 
 
 def _launch_glu_paths() -> None:
-    """swiglu and geglu: the CUDA and NPU entries, contiguous (one row) and
+    """swiglu, geglu and geglu_exact: the CUDA and NPU entries, contiguous (one row) and
     fused halves (row strides), in the data dtypes, gate and up of one dtype and
     of two (promotion); the NPU's grid-stride plan with CUDA's compiler."""
     from csrc_free_ops.glu import launch as glu_launch
     from csrc_free_ops.glu import plan as glu_plan
 
-    for activation in ("silu", "gelu_tanh"):
+    for activation in ("silu", "gelu_tanh", "gelu"):
         for gdt, udt in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
                          (torch.float32, torch.float32), (torch.float64, torch.float64),
                          (torch.bfloat16, torch.float32)):  # fmt: skip

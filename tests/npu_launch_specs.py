@@ -301,7 +301,7 @@ FLCE_SHAPES = (  # (rows, H, V, *flags); a narrow H keeps the recorder's CPU mat
 
 GLU_SHAPES = tuple(
     (*shape[:2], activation, *shape[2:])
-    for activation in ("silu", "gelu_tanh")
+    for activation in ("silu", "gelu_tanh", "gelu")
     for shape in (
         (37, 48),  # contiguous: one row of every element, a few tiles
         (64, 11008),  # contiguous, many tiles per vector core

@@ -207,10 +207,10 @@ def test_group_norm_on_a_2d_mesh(mesh):
 
 
 # ---------------------------------------------------------------------------
-# swiglu, geglu: pointwise
+# swiglu, geglu, geglu_exact: pointwise
 
 
-@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+@pytest.mark.parametrize("name", ["swiglu", "geglu", "geglu_exact"])
 @pytest.mark.parametrize("dim", [0, 1, 2])
 def test_glu_matching_shards_need_no_communication(mesh, name, dim):
     """Tensor parallel (gate/up column-sharded: the last dim) and sequence parallel pass through."""
@@ -227,7 +227,7 @@ def test_glu_mismatched_shards_are_redistributed(mesh):
     assert n > 0
 
 
-@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+@pytest.mark.parametrize("name", ["swiglu", "geglu", "geglu_exact"])
 def test_glu_in_place_backward_writes_each_shard_and_refuses_mixed_placements(mesh, name):
     op = getattr(liger, name + "_backward_")
     torch.manual_seed(0)

@@ -88,7 +88,7 @@ def _cases():
     layer_norm = eager_call(torch.ops.liger.layer_norm)
     yield "layer_norm", (lambda: layer_norm(x, h, hb, 1e-5)), (x, h, hb)
     gate = torch.randn(4, 64, device=DEVICE, requires_grad=True)
-    for name in ("swiglu", "geglu"):
+    for name in ("swiglu", "geglu", "geglu_exact"):
         glu = eager_call(getattr(torch.ops.liger, name))
         yield name, (lambda glu=glu: glu(gate, x)), (gate, x)
 

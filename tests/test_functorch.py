@@ -58,6 +58,7 @@ OPS = {
     ),
     "swiglu": Op(liger.swiglu, lambda g, u: glu_ref.forward(g, u, "silu"), ((2, 16), (2, 16)), (1,)),
     "geglu": Op(liger.geglu, lambda g, u: glu_ref.forward(g, u, "gelu_tanh"), ((2, 16), (2, 16)), (1,)),
+    "geglu_exact": Op(liger.geglu_exact, lambda g, u: glu_ref.forward(g, u, "gelu"), ((2, 16), (2, 16)), (1,)),
     "rms_norm": Op(
         lambda x, w: liger.rms_norm(x, w, 1e-6, offset=1.0, casting_mode="gemma"),
         lambda x, w: rms_norm_ref.forward(x, w, 1e-6, 1.0, "gemma"),
@@ -155,7 +156,9 @@ def test_forward_ad_dual_tensors(name):
     assert_close_to_ref(got, want, torch.float32, f"forward-AD tangent of {name}")
 
 
-@pytest.mark.parametrize("name", ["poly_norm", "group_norm", "swiglu", "geglu", "rms_norm", "layer_norm"])
+@pytest.mark.parametrize(
+    "name", ["poly_norm", "group_norm", "swiglu", "geglu", "geglu_exact", "rms_norm", "layer_norm"]
+)
 def test_jvp_over_grad(name):
     """Hessian-vector products (forward over reverse) reach the backward op's tangent."""
     op = OPS[name]
@@ -199,4 +202,4 @@ def test_every_op_has_a_vmap_rule_and_a_forward_ad_rule():
     assert set(functorch.VMAP_RULES) == ops
     assert set(functorch.JVP) | functorch.WITHOUT_JVP == ops
     assert functorch.WITHOUT_JVP == {liger.rope_.default, liger.swiglu_backward_.default,
-                                            liger.geglu_backward_.default}  # fmt: skip
+                                     liger.geglu_backward_.default, liger.geglu_exact_backward_.default}  # fmt: skip

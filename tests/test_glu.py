@@ -1,4 +1,4 @@
-"""torch.ops.liger.swiglu and torch.ops.liger.geglu: values and gradients
+"""torch.ops.liger.swiglu, geglu and geglu_exact: values and gradients
 against torch's own activations in float64, the float64 path exact, the
 layouts a model hands them (separate projections, the halves of a fused
 one), the plans, and errors for bad input."""
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from csrc_free_ops.glu import launch, plan, reference
 from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref
 
-OPS = {"swiglu": "silu", "geglu": "gelu_tanh"}
+OPS = {"swiglu": "silu", "geglu": "gelu_tanh", "geglu_exact": "gelu"}
 # torch's own activations: the ground truth, independent of reference.py's formulas.
-TORCH_ACT = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}
+TORCH_ACT = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh"), "gelu": F.gelu}
 LAYOUTS = ("contiguous", "fused_halves", "transposed", "strided_last", "expanded")
 
 
@@ -256,3 +256,23 @@ def test_mlp_drop_in_matches_transformers_layout_and_gradients(module, name):
     expected = torch.autograd.grad(want.square().sum(), list(mlp.parameters()))
     for g, w in zip(got, expected, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_diffusers_geglu_drop_in_matches_its_layout_and_gradients():
+    """liger_nn.GEGLU: diffusers' proj to [up | gate], then gelu(gate) * up with the exact GELU."""
+    import liger_nn
+
+    torch.manual_seed(0)
+    module = liger_nn.GEGLU(16, 20).to(DEVICE, torch.float64)
+    assert set(module.state_dict()) == {"proj.weight", "proj.bias"}
+    x = torch.randn(3, 5, 16, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    y = module(x)
+    up, gate = module.proj(x).chunk(2, dim=-1)
+    want = up * F.gelu(gate)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad(y.square().sum(), [x, *module.parameters()])
+    expected = torch.autograd.grad(want.square().sum(), [x, *module.parameters()])
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="out_features must be even"):
+        liger_nn.GEGLU.from_projection(torch.nn.Linear(4, 5))

@@ -7,7 +7,7 @@ import torch
 
 from tests.helpers import DEVICE, OPCHECK_UTILS
 
-NAMES = ("swiglu", "geglu")
+NAMES = ("swiglu", "geglu", "geglu_exact")
 OPCHECK_CASES = [
     ((7, 48), torch.float32, torch.float32),
     ((2, 3, 33), torch.bfloat16, torch.bfloat16),

@@ -1,7 +1,7 @@
 """apply_liger_ops on diffusers models (tiny configs): every nn.GroupNorm
 swapped, each ResnetBlock2D's norm -> SiLU pairs routed through the fused
-op, outputs and gradients equal to the unpatched model's, and remove()
-restoring the blocks.  Skipped without diffusers."""
+op, every GEGLU through geglu_exact, outputs and gradients equal to the
+unpatched model's, and remove() restoring the blocks.  Skipped without diffusers."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from liger_nn import apply_liger_ops, diffusers_blocks
 from tests.helpers import DEVICE
 
 diffusers = pytest.importorskip("diffusers")
+DIFFUSERS_GEGLU = pytest.importorskip("diffusers.models.activations").GEGLU
 
 
 class FusedCallCounter(torch.utils._python_dispatch.TorchDispatchMode):
@@ -23,11 +24,13 @@ class FusedCallCounter(torch.utils._python_dispatch.TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls = {"none": 0, "silu": 0}
+        self.geglu_exact = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket is torch.ops.liger.group_norm:
             self.calls[kwargs.get("activation", "none")] += 1
+        self.geglu_exact += func.overloadpacket is torch.ops.liger.geglu_exact
         return func(*args, **kwargs)
 
 
@@ -82,8 +85,11 @@ def test_patched_diffusers_model_matches_unpatched(name):
     ref = copy.deepcopy(model)
     n_group_norms = sum(type(m) is nn.GroupNorm for m in model.modules())
     blocks = [m for m in model.modules() if diffusers_blocks.is_resnet_block(m)]
+    geglus = [m for m in model.modules() if type(m) is DIFFUSERS_GEGLU]
+    assert (name == "cond_unet") == bool(geglus)
     patch = apply_liger_ops(model)
     assert patch.report.count("group_norm") == n_group_norms
+    assert sum("-> liger_nn.GEGLU" in r.detail for r in patch.report.replaced) == len(geglus)
     assert not any(type(m) is nn.GroupNorm for m in model.modules())
     assert patch.report.count("group_norm_silu") == len(blocks) > 0
     pairs = sum(len(diffusers_blocks.fused_pairs(b)) for b in blocks)
@@ -95,6 +101,7 @@ def test_patched_diffusers_model_matches_unpatched(name):
     with FusedCallCounter() as counter:
         out = _output(model, args, kwargs)
     assert counter.calls["silu"] == pairs
+    assert counter.geglu_exact == len(geglus)
     expected = _output(ref, args, kwargs)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     grad = torch.randn_like(out)
@@ -107,6 +114,20 @@ def test_patched_diffusers_model_matches_unpatched(name):
     patch.remove()
     assert not any("forward" in b.__dict__ for b in blocks)
     assert sum(type(m) is nn.GroupNorm for m in model.modules()) == n_group_norms
+    assert [m for m in model.modules() if type(m) is DIFFUSERS_GEGLU] == geglus
+
+
+def test_a_geglu_class_whose_forward_differs_is_left_alone(monkeypatch):
+    """The patch-time check compares with the class's own forward, once per class (diffusers' torch_npu
+    branch takes the tanh GELU)."""
+    monkeypatch.setattr(DIFFUSERS_GEGLU, "gelu", lambda self, g: nn.functional.gelu(g, approximate="tanh"))
+    model = _cond_unet()
+    n = sum(type(m) is DIFFUSERS_GEGLU for m in model.modules())
+    patch = apply_liger_ops(model)
+    reasons = [r.detail for r in patch.report.left_alone if r.kind == "glu"]
+    assert len(reasons) == n > 0 and all("differs" in r for r in reasons)
+    assert not any("GEGLU" in r.detail for r in patch.report.replaced)
+    patch.remove()
 
 
 def test_blocks_left_alone_are_reported(monkeypatch):
@@ -124,6 +145,7 @@ def test_blocks_left_alone_are_reported(monkeypatch):
 
 def test_switched_off():
     model = _cond_unet()
-    patch = apply_liger_ops(model, group_norm_silu=False)
+    patch = apply_liger_ops(model, group_norm_silu=False, glu=False)
     assert patch.report.count("group_norm_silu") == 0 and patch.report.count("group_norm") > 0
+    assert patch.report.count("glu") == 0
     assert not any("forward" in m.__dict__ for m in model.modules())

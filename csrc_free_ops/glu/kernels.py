@@ -16,6 +16,7 @@ s = sigmoid(v) computed as 1 / (1 + exp(-v)):
     silu(g)      = g * s(g)                      silu'(g) = s * (1 + g * (1 - s))
     gelu_tanh(g) = g * s(2z), z = c0 * (g + c1 * g^3)     (0.5 * (1 + tanh(z)) = s(2z))
     gelu_tanh'(g) = s + 2 * g * s * (1 - s) * c0 * (1 + 3 * c1 * g^2)
+    gelu(g)      = g * P, P = 0.5 * (1 + erf(g / sqrt(2)))   gelu'(g) = P + g * exp(-g^2 / 2) / sqrt(2 pi)
 
     y = act(g) * u;   dgate = dy * act'(g) * u;   dup = dy * act(g)
 
@@ -30,6 +31,9 @@ import triton.language as tl
 # c0 = sqrt(2/pi) and c1 of GELU's tanh approximation, as Python (double) floats.
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 GELU_CUBIC = tl.constexpr(0.044715)
+# 1 / sqrt(2) and 1 / sqrt(2 pi) of the exact GELU and its derivative.
+INV_SQRT_2 = tl.constexpr(0.7071067811865476)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 @triton.jit
@@ -56,10 +60,18 @@ def _gelu_inner(g, COMPUTE: tl.constexpr):
 
 
 @triton.jit
+def _gelu_cdf(g, COMPUTE: tl.constexpr):
+    """0.5 * (1 + erf(g / sqrt(2))), the normal CDF at g, its constant in COMPUTE."""
+    return 0.5 * (1.0 + tl.math.erf(g * tl.full((), INV_SQRT_2, COMPUTE)))
+
+
+@triton.jit
 def _activate(g, ACTIVATION: tl.constexpr, COMPUTE: tl.constexpr):
     """act(g)."""
     if ACTIVATION == "silu":
         a = g * _sigmoid(g)
+    elif ACTIVATION == "gelu":
+        a = g * _gelu_cdf(g, COMPUTE)
     else:
         two_z, _ = _gelu_inner(g, COMPUTE)
         a = g * _sigmoid(two_z)
@@ -73,6 +85,10 @@ def _activate_with_grad(g, ACTIVATION: tl.constexpr, COMPUTE: tl.constexpr):
         s = _sigmoid(g)
         a = g * s
         da = s * (1.0 + g * (1.0 - s))
+    elif ACTIVATION == "gelu":
+        cdf = _gelu_cdf(g, COMPUTE)
+        a = g * cdf
+        da = cdf + g * tl.full((), INV_SQRT_2PI, COMPUTE) * tl.exp(-0.5 * g * g)
     else:
         two_z, dz = _gelu_inner(g, COMPUTE)
         s = _sigmoid(two_z)

@@ -112,7 +112,7 @@ def _write_backward(grad_out, gate, up, dgate, dup, activation: str, p: Plan) ->
     launcher(p.programs, dy, g, u, dgate, dup, stride_dy, stride_gate, stride_up, n_rows, n_cols)
 
 
-# --- The entries of the dispatch keys (activation: "silu" or "gelu_tanh", bound by the registration)
+# --- The entries of the dispatch keys (activation: one of reference.ACTIVATIONS, bound by the registration)
 
 
 def cuda_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:

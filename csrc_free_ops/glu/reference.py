@@ -4,7 +4,9 @@ y = act(gate) * up, act one of ACTIVATIONS:
 
 * ``"silu"``: silu(g) = g * sigmoid(g) (SwiGLU);
 * ``"gelu_tanh"``: gelu(g, approximate='tanh') = 0.5 * g * (1 + tanh(z)),
-  z = sqrt(2/pi) * (g + 0.044715 * g^3) (GeGLU).
+  z = sqrt(2/pi) * (g + 0.044715 * g^3) (GeGLU as Gemma has it);
+* ``"gelu"``: gelu(g) = 0.5 * g * (1 + erf(g / sqrt(2))), torch's exact GELU
+  (GeGLU as diffusers' UNets have it).
 
 Math runs in float32, float64 when gate or up is float64 (the Python
 constants then multiply float64 tensors, so they stay double); y takes
@@ -18,9 +20,11 @@ import math
 
 import torch
 
-ACTIVATIONS = ("silu", "gelu_tanh")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715
+INV_SQRT_2 = math.sqrt(0.5)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -36,6 +40,8 @@ def activate(g: torch.Tensor, activation: str) -> torch.Tensor:
         return g * torch.sigmoid(g)
     if activation == "gelu_tanh":
         return 0.5 * g * (1.0 + torch.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * g * g * g)))
+    if activation == "gelu":
+        return 0.5 * g * (1.0 + torch.erf(g * INV_SQRT_2))
     raise ValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
 
 
@@ -48,6 +54,8 @@ def activation_grad(g: torch.Tensor, activation: str) -> torch.Tensor:
         t = torch.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * g * g * g))
         dz = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * g * g)
         return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * dz
+    if activation == "gelu":
+        return 0.5 * (1.0 + torch.erf(g * INV_SQRT_2)) + g * INV_SQRT_2PI * torch.exp(-0.5 * g * g)
     raise ValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
 
 

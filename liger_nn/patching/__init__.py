@@ -34,7 +34,10 @@ What is replaced (each kind can be switched off; docs/patching.md has the tables
   approximation (transformers' ``LlamaMLP``, ``MistralMLP``, ``Qwen2MLP``,
   ``GemmaMLP``, ...) becomes a ``liger_nn.SwiGLUMLP`` / ``GeGLUMLP`` holding
   the same Linear modules: the projections stay matmuls, the elementwise
-  part is one ``swiglu`` / ``geglu`` call.  Per model.
+  part is one ``swiglu`` / ``geglu`` call; and every diffusers ``GEGLU`` (the
+  feed-forward of SD 1.5's and SDXL's transformer blocks, exact GELU) becomes
+  a ``liger_nn.GEGLU`` holding the same ``proj`` Linear, its halves one
+  ``geglu_exact`` call.  Per model.
 * ``rms_norm``: every submodule whose class name ends in ``RMSNorm`` with a
   1-D ``weight`` and a float epsilon becomes a ``liger_nn.RMSNorm`` sharing
   the weight, with the offset and casting mode whose reference reproduces
@@ -59,7 +62,8 @@ One module per job: ``apply`` (the kinds in order), ``handle``, ``report``,
 ``checks``; rope's ``rope_table`` (the convention table), ``rope_dropin``,
 ``rope_check``, ``swap_rope``, ``global_swaps`` (the refcounted process-wide
 swap), ``bytecode_scan``, ``hf_modules``; the module swaps ``module_swaps``
-with one ``swap_<op>`` each (``swap_glu`` for the gated MLPs, ``swap_rms_norm`` and
+with one ``swap_<op>`` each (``swap_glu`` for the gated MLPs, ``swap_diffusers_geglu`` for
+diffusers' GEGLU, ``swap_rms_norm`` and
 ``swap_layer_norm`` for the row norms); the loss's ``swap_causal_lm_loss``; the
 diffusers fusion ``fuse_group_norm_silu``.
 """

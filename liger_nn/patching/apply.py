@@ -7,7 +7,14 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from liger_nn.patching import swap_glu, swap_group_norm, swap_layer_norm, swap_poly_norm, swap_rms_norm
+from liger_nn.patching import (
+    swap_diffusers_geglu,
+    swap_glu,
+    swap_group_norm,
+    swap_layer_norm,
+    swap_poly_norm,
+    swap_rms_norm,
+)
 from liger_nn.patching.fuse_group_norm_silu import fuse_resnet_blocks
 from liger_nn.patching.handle import LigerPatch
 from liger_nn.patching.module_swaps import ModuleRule, swap_modules
@@ -24,6 +31,7 @@ MODULE_RULES: tuple[ModuleRule, ...] = (
     swap_rms_norm.RULE,
     swap_layer_norm.RULE,
     swap_glu.RULE,
+    swap_diffusers_geglu.RULE,
 )
 
 
