@@ -91,6 +91,10 @@ def _cases():
     for name in ("swiglu", "geglu", "geglu_exact"):
         glu = eager_call(getattr(torch.ops.liger, name))
         yield name, (lambda glu=glu: glu(gate, x)), (gate, x)
+    # the halves of one fused projection (diffusers' GEGLU, Phi-3), read in place through their row stride
+    up_half, gate_half = torch.randn(4, 128, device=DEVICE, requires_grad=True).chunk(2, -1)
+    geglu_exact = eager_call(torch.ops.liger.geglu_exact)
+    yield "geglu_exact halves", (lambda: geglu_exact(gate_half, up_half)), (gate_half, up_half)
 
 
 @pytest.fixture

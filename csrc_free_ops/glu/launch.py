@@ -7,7 +7,8 @@ them, with the op's activation):
 * ``npu_forward`` / ``npu_backward`` / ``npu_backward_``: ``plan.npu`` for the
   Ascend profile;
 * ``prepare_cuda_<direction>``: the CUDA entries' prepared forms
-  (registrations/eager.py), for contiguous tensors.
+  (registrations/eager.py), for tensors read in place (contiguous, or rows
+  of one stride each).
 
 ``backward_`` writes the gradients over gate and up (the in-place backward
 op, which the ops' formulas call when nothing else holds the saved
@@ -30,7 +31,7 @@ import torch
 import triton.language as tl
 
 from csrc_free_ops import device
-from csrc_free_ops.alloc import empty_like_maker, empty_maker
+from csrc_free_ops.alloc import empty_maker
 from csrc_free_ops.glu import kernels, plan, reference
 from csrc_free_ops.glu.plan import Plan
 from csrc_free_ops.launcher import Launcher
@@ -129,16 +130,36 @@ def cuda_backward_(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
     backward_(grad_out, gate, up, activation, plan.cuda(*problem(grad_out, gate, up)))
 
 
-# --- Prepared calls (contiguous tensors: one row of every element), with the plan, launch and
-# scalars fixed for every call with the arguments' signature; None where the entry must run.
+# --- Prepared calls, with the plan, launch and scalars fixed for every call with the arguments'
+# signature: contiguous tensors as one row of every element, and tensors whose rows are views of one
+# row stride each (the halves of a fused projection); None where the entry must run (a copy).
+
+
+def _view_strides(tensors: tuple[torch.Tensor, ...], n_rows: int, n_cols: int) -> tuple[int, ...] | None:
+    """Each tensor's row stride when every one is (n_rows, n_cols) with unit column stride without a
+    copy (what ``_rows`` would read in place), else None."""
+    strides = []
+    for t in tensors:
+        try:
+            t2d = t.view(n_rows, n_cols)
+        except RuntimeError:  # its rows do not collapse to one stride
+            return None
+        if n_cols > 1 and t2d.stride(1) != 1:
+            return None
+        strides.append(t2d.stride(0) if n_rows > 1 else n_cols)
+    return tuple(strides)
 
 
 def prepare_cuda_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> Callable | None:
-    if gate.numel() == 0 or not (gate.is_contiguous() and up.is_contiguous()):
+    if gate.numel() == 0:
         return None
-    n = gate.numel()
-    p = plan.cuda(1, n)
-    launch = _launcher(False, p, p.walks_tiles(1, n), activation, _compute(gate, up)).bind(p.programs, (n, n, 1, n))
+    n_rows, n_cols = problem(gate, up)
+    strides = _view_strides((gate, up), n_rows, n_cols)
+    if strides is None:
+        return None
+    p = plan.cuda(n_rows, n_cols)
+    launcher = _launcher(False, p, p.walks_tiles(n_rows, n_cols), activation, _compute(gate, up))
+    launch = launcher.bind(p.programs, (*strides, n_rows, n_cols))
     new_y = empty_maker(gate.shape, reference.output_dtype(gate, up), gate.device)
 
     def run(gate, up):
@@ -152,13 +173,17 @@ def prepare_cuda_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) 
 def prepare_cuda_backward(
     grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
 ) -> Callable | None:
-    if gate.numel() == 0 or not (grad_out.is_contiguous() and gate.is_contiguous() and up.is_contiguous()):
+    if gate.numel() == 0:
         return None
-    n = gate.numel()
-    p = plan.cuda(1, n)
-    launcher = _launcher(True, p, p.walks_tiles(1, n), activation, _compute(gate, up))
-    launch = launcher.bind(p.programs, (n, n, n, 1, n))
-    new_dgate, new_dup = empty_like_maker(gate), empty_like_maker(up)
+    n_rows, n_cols = problem(grad_out, gate, up)
+    strides = _view_strides((grad_out, gate, up), n_rows, n_cols)
+    if strides is None:
+        return None
+    p = plan.cuda(n_rows, n_cols)
+    launcher = _launcher(True, p, p.walks_tiles(n_rows, n_cols), activation, _compute(gate, up))
+    launch = launcher.bind(p.programs, (*strides, n_rows, n_cols))
+    new_dgate = empty_maker(gate.shape, gate.dtype, gate.device)
+    new_dup = empty_maker(up.shape, up.dtype, up.device)
 
     def run(grad_out, gate, up):
         dgate = new_dgate()
