@@ -49,6 +49,11 @@ _INT32 = range(-(2**31), 2**31)
 _INT64 = range(-(2**63), 2**63)
 # Scalar keys kept per launcher before the cache is dropped (a bound on its memory).
 MAX_SCALAR_KEYS = 4096
+# A direct launch hands Triton each tensor's address as an int: its launcher then takes the int as
+# the pointer, where for a tensor it calls data_ptr() and checks the address with the driver
+# (cuPointerGetAttribute, one driver call per tensor per launch).  Direct launches only ever take
+# CUDA tensors of the device they run on, which is what that check would confirm.
+_data_ptr = torch.Tensor.data_ptr
 
 
 # Each distinct scalar specialization seen, numbered: launch keys hold the
@@ -223,7 +228,7 @@ class Launcher:
         stream = torch._C._cuda_getCurrentRawStream(dev)
         compiled.run(
             grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-            *tensors, *scalars, *self._tail,
+            *map(_data_ptr, tensors), *scalars, *self._tail,
         )  # fmt: skip
 
     def _tensor_count(self, args: tuple) -> int:
@@ -293,10 +298,11 @@ class BoundLaunch:
         if dev != torch._C._cuda_getDevice():
             with torch.cuda.device(dev):
                 stream = torch._C._cuda_getCurrentRawStream(dev)
-                run(self._grid, 1, 1, stream, function, packed, None, None, None, *tensors, *self._tail)
+                run(self._grid, 1, 1, stream, function, packed, None, None, None, *map(_data_ptr, tensors),
+                    *self._tail)  # fmt: skip
         else:
             stream = torch._C._cuda_getCurrentRawStream(dev)
-            run(self._grid, 1, 1, stream, function, packed, None, None, None, *tensors, *self._tail)
+            run(self._grid, 1, 1, stream, function, packed, None, None, None, *map(_data_ptr, tensors), *self._tail)
 
     def _keep(self, launcher: Launcher, tensors: tuple) -> None:
         """After the first direct launch: the compiled kernel it selected, for every later call."""
