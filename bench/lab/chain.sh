@@ -111,7 +111,7 @@ for step in "$@"; do
         --out "$RESULTS/steps_llm_memory" ;;
     steps_diffusion_host)
       # the eager diffusion steps with the host's side of each (launches, syncs, top self-CPU ops per step)
-      run_step steps_diffusion_host python3 -m bench.steps --models resnet,unet --modes eager --quick --rounds 3 \
+      run_step steps_diffusion_host python3 -m bench.steps --models resnet,unet,vae --modes eager --quick --rounds 3 \
         --layout contiguous,channels_last --host-profile --out "$RESULTS/steps_diffusion_host" ;;
     steps_unet_off-*)
       # steps_unet_off-<keyword>[+<keyword>...]: the eager UNet in both layouts, ours with those
