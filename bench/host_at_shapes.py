@@ -20,7 +20,8 @@ and forward + backward ("fwd+bwd", torch.autograd.grad against a fixed
 output gradient):
 
     native  torch's layer as the model runs it (F.group_norm, F.group_norm
-            then F.silu for the fused pair, F.layer_norm)
+            then F.silu for the fused pair, F.layer_norm, diffusers' GEGLU
+            after its projection: up * F.gelu(gate) of the projection's halves)
     fast    the entry liger_nn calls (registrations.eager.eager_call)
     liger   torch.ops.liger.* through the dispatcher
 
@@ -43,8 +44,9 @@ PATHS = ("native", "fast", "liger")
 
 
 class Shape(NamedTuple):
-    """One op call of a model: op ("group_norm", "group_norm_silu", "layer_norm"), x's size, groups
-    (group_norm) and whether x is channels-last."""
+    """One op call of a model: op ("group_norm", "group_norm_silu", "layer_norm", "geglu_exact"), x's
+    size (geglu_exact: the projection's, both halves), groups (group_norm) and whether x is
+    channels-last."""
 
     op: str
     size: tuple[int, ...]
@@ -59,12 +61,14 @@ class Shape(NamedTuple):
 
 def _unet_shapes(tiny: bool) -> list[Shape]:
     """SD 1.5's UNet at batch 4, 64x64 latents: its ResnetBlock2D norms (norm1's -> SiLU pair fused in
-    ours), its transformer blocks' LayerNorms over (B, HW, C), in both layouts for the convolutional ones."""
+    ours), its transformer blocks' LayerNorms over (B, HW, C) and GEGLU projections (B, HW, 8C), in both
+    layouts for the convolutional ones."""
     if tiny:
-        sizes, rows = [(2, 8, 4, 4)], [(2, 16, 8)]
+        sizes, rows, projections = [(2, 8, 4, 4)], [(2, 16, 8)], [(2, 16, 16)]
     else:
         sizes = [(4, 320, 64, 64), (4, 640, 32, 32), (4, 1280, 16, 16), (4, 2560, 8, 8), (4, 960, 64, 64)]
         rows = [(4, 4096, 320), (4, 1024, 640), (4, 256, 1280)]
+        projections = [(4, 4096, 2560), (4, 1024, 5120), (4, 256, 10240)]
     groups = 4 if tiny else 32
     shapes = [
         Shape(op, size, groups, cl)
@@ -72,7 +76,7 @@ def _unet_shapes(tiny: bool) -> list[Shape]:
         for size in sizes
         for op in ("group_norm", "group_norm_silu")
     ]
-    return shapes + [Shape("layer_norm", size) for size in rows]
+    return shapes + [Shape("layer_norm", size) for size in rows] + [Shape("geglu_exact", s) for s in projections]
 
 
 MODELS: dict[str, Callable[[bool], list[Shape]]] = {"unet": _unet_shapes}
@@ -82,6 +86,8 @@ def _inputs(shape: Shape, device: str, dtype: Any) -> tuple:
     import torch
 
     x = torch.randn(shape.size, device=device, dtype=dtype)
+    if shape.op == "geglu_exact":
+        return (x.requires_grad_(),)
     if shape.channels_last:
         x = x.to(memory_format=torch.channels_last)
     channels = shape.size[1] if shape.op != "layer_norm" else shape.size[-1]
@@ -91,13 +97,19 @@ def _inputs(shape: Shape, device: str, dtype: Any) -> tuple:
 
 
 def _call(shape: Shape, path: str) -> Callable:
-    """The forward of ``path`` at ``shape``: (x, w, b) -> y."""
+    """The forward of ``path`` at ``shape``: (x, w, b) -> y, or (projection,) -> y for geglu_exact."""
     import torch
     import torch.nn.functional as F
 
     from registrations.eager import eager_call
 
     eps = 1e-5
+    if shape.op == "geglu_exact":
+        if path == "native":
+            return lambda h: (lambda up, gate: up * F.gelu(gate))(*h.chunk(2, -1))
+        op = torch.ops.liger.geglu_exact
+        call = eager_call(op) if path == "fast" else op
+        return lambda h: (lambda up, gate: call(gate, up))(*h.chunk(2, -1))
     if shape.op == "layer_norm":
         if path == "native":
             return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps)
