@@ -82,11 +82,31 @@ def param_grad_term_scales(x, num_groups, dy, eps, weight=None, bias=None, activ
     }
 
 
+def dx_term_scales(x, num_groups, dy, eps, weight=None, bias=None, activation="none"):
+    """Per element of x, the magnitudes of the terms dx is made of before they
+    cancel, in float64: rstd * (|g| + |mean(g)| + |xhat * mean(g * xhat)|) over
+    each group, g = dz * w (dy taken through the activation, times the weight)."""
+    xhat, rstd = reference._normalized(x.detach().double(), num_groups, eps)
+    dz = dy.double()
+    if activation != "none":
+        z = reference._affine(xhat, x, weight, bias, torch.float64)
+        s = torch.sigmoid(z)
+        dz = dz * s * (1 + z * (1 - s))
+    g = dz if weight is None else dz * reference._channel_view(weight, x, torch.float64)
+    g = g.reshape(xhat.shape)
+    terms = g.abs() + g.mean(-1, keepdim=True).abs() + (xhat * (g * xhat).mean(-1, keepdim=True)).abs()
+    return (rstd * terms).reshape(x.shape)
+
+
 def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps, activation="none"):
-    """y and dx against the float64 reference relative to their values, in
-    x's dtype's tolerance; dweight and dbias, sums over N x spatial that can
-    cancel far below their terms, by the error model of a sum in the compute
-    dtype rounded to the parameter's dtype (tests.helpers.assert_close_to_scale)."""
+    """y against the float64 reference relative to its values, in x's dtype's
+    tolerance.  dx, dweight and dbias are sums whose terms can cancel far below
+    them: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) over a group (few
+    elements, or g nearly in the span of 1 and xhat, leave little of its
+    terms; the float64 reference itself is then as far off), dweight and
+    dbias over N x spatial.  Each is checked by the error model of a sum in
+    the compute dtype rounded to its own dtype, relative to its terms
+    (tests.helpers.assert_close_to_scale)."""
     y_ref, grads_ref = reference_grads(x, num_groups, weight, bias, dy, eps, activation)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert_close_to_ref(y, y_ref, x.dtype, "y")
@@ -96,9 +116,39 @@ def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps, acti
         param = {"x": x, "weight": weight, "bias": bias}[name]
         assert grad.dtype == param.dtype, f"d{name} dtype {grad.dtype} != {param.dtype}"
         if name == "x":
-            assert_close_to_ref(grad, grads_ref[name], x.dtype, "dx")
+            dx_scale = dx_term_scales(x, num_groups, dy, eps, weight, bias, activation)
+            assert_close_to_scale(grad, grads_ref[name], dx_scale, x.dtype, "dx", compute_dtype(x.dtype))
         else:
             assert_close_to_scale(grad, grads_ref[name], scales[name], param.dtype, f"d{name}", compute_dtype(x.dtype))
+
+
+def _ill_conditioned_dx_case(delta: float):
+    """(x, weight, dy) of shape (1, 8), 2 groups, float64, where each group's g = dz * w is 0.7 + 1.3 * xhat
+    plus a delta-sized remainder: dx keeps only that remainder of terms of order one."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 8, dtype=torch.float64, generator=gen)
+    weight = torch.randn(8, dtype=torch.float32, generator=gen)
+    xhat = reference._normalized(x, 2, 1e-5)[0].reshape(1, 8)
+    s = torch.sigmoid(xhat * weight.double())
+    silu_grad = s * (1 + xhat * weight.double() * (1 - s))
+    g = 0.7 + 1.3 * xhat + delta * torch.randn(1, 8, dtype=torch.float64, generator=gen)
+    return x.to(DEVICE), weight.to(DEVICE), (g / (weight.double() * silu_grad)).to(DEVICE)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_dx_of_an_ill_conditioned_group_is_checked_against_its_terms(path):
+    """Where a group's dx cancels to 1e-4 of its terms, the float64 reference and every path differ by
+    1.0e-12 to 2.2e-12 of dx (the interpreter, every path), beyond a bound relative to dx, but within
+    float64's bound on the terms; an error of 1e-10 of the terms still fails."""
+    x, weight, dy = _ill_conditioned_dx_case(1e-4)
+    _, (dx, _, _) = run_plans(x, 2, weight, None, dy, 1e-5, lambda pb: small_plan(pb, path, 8, 1), "silu")
+    _, grads_ref = reference_grads(x, 2, weight, None, dy, 1e-5, "silu")
+    scale = dx_term_scales(x, 2, dy, 1e-5, weight, None, "silu")
+    assert scale.norm() > 100 * grads_ref["x"].norm()  # the case is as ill-conditioned as meant
+    assert_close_to_scale(dx, grads_ref["x"], scale, torch.float64, "dx", torch.float64)
+    off = dx + 1e-10 * scale.norm() * torch.sign(torch.randn_like(dx))
+    with pytest.raises(AssertionError, match="dx: error norm"):
+        assert_close_to_scale(off, grads_ref["x"], scale, torch.float64, "dx", torch.float64)
 
 
 def problem(x, num_groups, weight, bias, backward, activation="none"):
