@@ -60,18 +60,7 @@ from registrations.fused_linear_cross_entropy import (
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD,
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS,
 )
-from registrations.glu import (
-    ACTIVATION,
-    GEGLU,
-    GEGLU_BACKWARD,
-    GEGLU_BACKWARD_,
-    GEGLU_EXACT,
-    GEGLU_EXACT_BACKWARD,
-    GEGLU_EXACT_BACKWARD_,
-    SWIGLU,
-    SWIGLU_BACKWARD,
-    SWIGLU_BACKWARD_,
-)
+from registrations.glu import GATED_UNITS
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -231,15 +220,8 @@ VMAP_RULES: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _group_norm_backward_vmap,
     CROSS_ENTROPY: _per_sample(CROSS_ENTROPY),
     CROSS_ENTROPY_BACKWARD: _per_sample(CROSS_ENTROPY_BACKWARD),
-    SWIGLU: _pointwise_vmap(SWIGLU),
-    SWIGLU_BACKWARD: _pointwise_vmap(SWIGLU_BACKWARD),
-    GEGLU: _pointwise_vmap(GEGLU),
-    GEGLU_BACKWARD: _pointwise_vmap(GEGLU_BACKWARD),
-    GEGLU_EXACT: _pointwise_vmap(GEGLU_EXACT),
-    GEGLU_EXACT_BACKWARD: _pointwise_vmap(GEGLU_EXACT_BACKWARD),
-    SWIGLU_BACKWARD_: _per_sample(SWIGLU_BACKWARD_),
-    GEGLU_BACKWARD_: _per_sample(GEGLU_BACKWARD_),
-    GEGLU_EXACT_BACKWARD_: _per_sample(GEGLU_EXACT_BACKWARD_),
+    **{op: _pointwise_vmap(op) for unit in GATED_UNITS.values() for op in (unit.forward, unit.backward)},
+    **{unit.backward_: _per_sample(unit.backward_) for unit in GATED_UNITS.values()},
     FUSED_LINEAR_CROSS_ENTROPY: _per_sample(FUSED_LINEAR_CROSS_ENTROPY),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_BACKWARD),
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: _per_sample(FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS),
@@ -330,14 +312,11 @@ JVP: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _by_reference(group_norm_reference.backward),
     CROSS_ENTROPY: _loss_only(_by_reference(cross_entropy_launch.reference_forward)),
     CROSS_ENTROPY_BACKWARD: _by_reference(cross_entropy_launch.reference_backward),
-    SWIGLU: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["swiglu"])),
-    SWIGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["swiglu"])),
-    GEGLU: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["geglu"])),
-    GEGLU_BACKWARD: _by_reference(functools.partial(glu_reference.backward, activation=ACTIVATION["geglu"])),
-    GEGLU_EXACT: _by_reference(functools.partial(glu_reference.forward, activation=ACTIVATION["geglu_exact"])),
-    GEGLU_EXACT_BACKWARD: _by_reference(
-        functools.partial(glu_reference.backward, activation=ACTIVATION["geglu_exact"])
-    ),
+    **{
+        op: _by_reference(functools.partial(reference, activation=unit.activation))
+        for unit in GATED_UNITS.values()
+        for op, reference in ((unit.forward, glu_reference.forward), (unit.backward, glu_reference.backward))
+    },
     FUSED_LINEAR_CROSS_ENTROPY: _loss_only(_by_reference(fused_linear_cross_entropy_launch.reference_forward)),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _by_reference(fused_linear_cross_entropy_launch.reference_backward),
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS: _loss_only(
@@ -406,9 +385,8 @@ _not_differentiable(
     ROPE_, "it writes in place, for inference and KV caches",
     "liger.rope (out of place), whose gradients and tangents flow to q and k",
 )  # fmt: skip
-for _in_place, _out_of_place in ((SWIGLU_BACKWARD_, "swiglu_backward"), (GEGLU_BACKWARD_, "geglu_backward"),
-                                  (GEGLU_EXACT_BACKWARD_, "geglu_exact_backward")):  # fmt: skip
-    _not_differentiable(_in_place, "it writes the gradients over gate and up", f"liger.{_out_of_place}")
+for _name, _unit in GATED_UNITS.items():
+    _not_differentiable(_unit.backward_, "it writes the gradients over gate and up", f"liger.{_name}_backward")
 for _op, _rule in VMAP_RULES.items():
     torch.library.register_vmap(_op, _with_defaults(_op, _rule), lib=LIB)
 JVP_RULES.update(JVP)

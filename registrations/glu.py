@@ -36,6 +36,7 @@ geglu_exact_backward_(grad_out, gate, up) -> ()
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -144,7 +145,16 @@ def _prepare(direction: str, activation: str) -> Prepare:
     return Prepare(cuda=prepare, interpreted=prepare)
 
 
-def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload, torch._ops.OpOverload]:
+class GatedUnit(NamedTuple):
+    """One gated unit's three ops and its activation (csrc_free_ops/glu/reference.py: ACTIVATIONS)."""
+
+    forward: torch._ops.OpOverload
+    backward: torch._ops.OpOverload
+    backward_: torch._ops.OpOverload
+    activation: str
+
+
+def _define(name: str) -> GatedUnit:
     activation = ACTIVATION[name]
     forward = define_op(
         f"{name}(Tensor gate, Tensor up) -> Tensor",
@@ -186,9 +196,13 @@ def _define(name: str) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload, to
     register_autograd(forward, backward_formula, setup_context=setup_context)
     register_autograd_by_reference(backward, functools.partial(reference.backward, activation=activation))
     register_version_bumps(backward_, (1, 2))
-    return forward, backward, backward_
+    return GatedUnit(forward, backward, backward_, activation)
 
 
-SWIGLU, SWIGLU_BACKWARD, SWIGLU_BACKWARD_ = _define("swiglu")
-GEGLU, GEGLU_BACKWARD, GEGLU_BACKWARD_ = _define("geglu")
-GEGLU_EXACT, GEGLU_EXACT_BACKWARD, GEGLU_EXACT_BACKWARD_ = _define("geglu_exact")
+# Every gated unit by op name; the DTensor and torch.func rules (sharding.py, functorch.py) take each
+# unit's ops from here, alike.
+GATED_UNITS: dict[str, GatedUnit] = {name: _define(name) for name in ACTIVATION}
+# Each op at module level too, where registrations._docs finds the module that defines it.
+SWIGLU, SWIGLU_BACKWARD, SWIGLU_BACKWARD_, _ = GATED_UNITS["swiglu"]
+GEGLU, GEGLU_BACKWARD, GEGLU_BACKWARD_, _ = GATED_UNITS["geglu"]
+GEGLU_EXACT, GEGLU_EXACT_BACKWARD, GEGLU_EXACT_BACKWARD_, _ = GATED_UNITS["geglu_exact"]

@@ -95,17 +95,7 @@ from registrations.fused_linear_cross_entropy import (
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD,
     FUSED_LINEAR_CROSS_ENTROPY_WITH_GRADS,
 )
-from registrations.glu import (
-    GEGLU,
-    GEGLU_BACKWARD,
-    GEGLU_BACKWARD_,
-    GEGLU_EXACT,
-    GEGLU_EXACT_BACKWARD,
-    GEGLU_EXACT_BACKWARD_,
-    SWIGLU,
-    SWIGLU_BACKWARD,
-    SWIGLU_BACKWARD_,
-)
+from registrations.glu import GATED_UNITS
 from registrations.group_norm import GROUP_NORM, GROUP_NORM_BACKWARD
 from registrations.layer_norm import LAYER_NORM, LAYER_NORM_BACKWARD
 from registrations.poly_norm import POLY_NORM, POLY_NORM_BACKWARD
@@ -186,12 +176,8 @@ _OUTPUTS: dict[torch._ops.OpOverload, Callable[[dict], list]] = {
     GROUP_NORM_BACKWARD: lambda a: [True, a.get("weight"), a.get("bias")],
     CROSS_ENTROPY: lambda a: [True, True, True],
     CROSS_ENTROPY_BACKWARD: lambda a: [True],
-    SWIGLU: lambda a: [True],
-    SWIGLU_BACKWARD: lambda a: [True, True],
-    GEGLU: lambda a: [True],
-    GEGLU_BACKWARD: lambda a: [True, True],
-    GEGLU_EXACT: lambda a: [True],
-    GEGLU_EXACT_BACKWARD: lambda a: [True, True],
+    **{unit.forward: lambda a: [True] for unit in GATED_UNITS.values()},
+    **{unit.backward: lambda a: [True, True] for unit in GATED_UNITS.values()},
     FUSED_LINEAR_CROSS_ENTROPY: lambda a: [True, True, True],
     # the backward op's grad_x is an empty tensor where the mask leaves it out
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: lambda a: [True, *_loss_grads(a)[1:]],
@@ -502,12 +488,8 @@ RULES: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM_BACKWARD: _rule(GROUP_NORM_BACKWARD, _group_norm_backward),
     CROSS_ENTROPY: _rule(CROSS_ENTROPY, _cross_entropy),
     CROSS_ENTROPY_BACKWARD: _rule(CROSS_ENTROPY_BACKWARD, _cross_entropy_backward),
-    SWIGLU: _rule(SWIGLU, _glu),
-    SWIGLU_BACKWARD: _rule(SWIGLU_BACKWARD, _glu_backward),
-    GEGLU: _rule(GEGLU, _glu),
-    GEGLU_BACKWARD: _rule(GEGLU_BACKWARD, _glu_backward),
-    GEGLU_EXACT: _rule(GEGLU_EXACT, _glu),
-    GEGLU_EXACT_BACKWARD: _rule(GEGLU_EXACT_BACKWARD, _glu_backward),
+    **{unit.forward: _rule(unit.forward, _glu) for unit in GATED_UNITS.values()},
+    **{unit.backward: _rule(unit.backward, _glu_backward) for unit in GATED_UNITS.values()},
     FUSED_LINEAR_CROSS_ENTROPY: _rule(FUSED_LINEAR_CROSS_ENTROPY, _fused_linear_cross_entropy),
     FUSED_LINEAR_CROSS_ENTROPY_BACKWARD: _rule(
         FUSED_LINEAR_CROSS_ENTROPY_BACKWARD, _fused_linear_cross_entropy_backward
@@ -524,9 +506,7 @@ HANDLERS: dict[torch._ops.OpOverload, Callable] = {
     GROUP_NORM: _local_num_groups(GROUP_NORM),
     GROUP_NORM_BACKWARD: _local_num_groups(GROUP_NORM_BACKWARD),
     ROPE_: _rope_inplace,
-    SWIGLU_BACKWARD_: _glu_in_place(SWIGLU_BACKWARD_),
-    GEGLU_BACKWARD_: _glu_in_place(GEGLU_BACKWARD_),
-    GEGLU_EXACT_BACKWARD_: _glu_in_place(GEGLU_EXACT_BACKWARD_),
+    **{unit.backward_: _glu_in_place(unit.backward_) for unit in GATED_UNITS.values()},
 }
 
 for _op, _fn in RULES.items():
