@@ -66,36 +66,27 @@ def reference_grads(x, num_groups, weight, bias, dy, eps, activation="none"):
     return y.detach(), dict(zip(leaves, grads, strict=True))
 
 
+def _through_activation(dy, xhat, x, weight, bias, activation):
+    """dy taken through the activation at z = xhat * w + b, in float64 (dy itself without one)."""
+    dz = dy.double()
+    if activation == "none":
+        return dz
+    z = reference._affine(xhat, x, weight, bias, torch.float64)
+    s = torch.sigmoid(z)
+    return dz * s * (1 + z * (1 - s))
+
+
 def param_grad_term_scales(x, num_groups, dy, eps, weight=None, bias=None, activation="none"):
     """Per channel, the summed magnitudes of the terms the kernels add into
     dweight (dy * xhat) and dbias (dy), in float64 (dy taken through the
     activation first)."""
     xhat, _ = reference._normalized(x.detach().double(), num_groups, eps)
-    dy64 = dy.double()
-    if activation != "none":
-        z = reference._affine(xhat, x, weight, bias, torch.float64)
-        dy64 = dy64 * torch.sigmoid(z) * (1 + z * (1 - torch.sigmoid(z)))
+    dy64 = _through_activation(dy, xhat, x, weight, bias, activation)
     per_channel = tuple(d for d in range(x.dim()) if d != 1)
     return {
         "weight": (dy64 * xhat.reshape(x.shape)).abs().sum(per_channel),
         "bias": dy64.abs().sum(per_channel),
     }
-
-
-def dx_term_scales(x, num_groups, dy, eps, weight=None, bias=None, activation="none"):
-    """Per element of x, the magnitudes of the terms dx is made of before they
-    cancel, in float64: rstd * (|g| + |mean(g)| + |xhat * mean(g * xhat)|) over
-    each group, g = dz * w (dy taken through the activation, times the weight)."""
-    xhat, rstd = reference._normalized(x.detach().double(), num_groups, eps)
-    dz = dy.double()
-    if activation != "none":
-        z = reference._affine(xhat, x, weight, bias, torch.float64)
-        s = torch.sigmoid(z)
-        dz = dz * s * (1 + z * (1 - s))
-    g = dz if weight is None else dz * reference._channel_view(weight, x, torch.float64)
-    g = g.reshape(xhat.shape)
-    terms = g.abs() + g.mean(-1, keepdim=True).abs() + (xhat * (g * xhat).mean(-1, keepdim=True)).abs()
-    return (rstd * terms).reshape(x.shape)
 
 
 def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps, activation="none"):
@@ -116,7 +107,7 @@ def check_against_reference(y, grads, x, num_groups, weight, bias, dy, eps, acti
         param = {"x": x, "weight": weight, "bias": bias}[name]
         assert grad.dtype == param.dtype, f"d{name} dtype {grad.dtype} != {param.dtype}"
         if name == "x":
-            dx_scale = dx_term_scales(x, num_groups, dy, eps, weight, bias, activation)
+            dx_scale = dx_term_scale(x, num_groups, weight, dy, eps, bias, activation)
             assert_close_to_scale(grad, grads_ref[name], dx_scale, x.dtype, "dx", compute_dtype(x.dtype))
         else:
             assert_close_to_scale(grad, grads_ref[name], scales[name], param.dtype, f"d{name}", compute_dtype(x.dtype))
@@ -143,7 +134,7 @@ def test_dx_of_an_ill_conditioned_group_is_checked_against_its_terms(path):
     x, weight, dy = _ill_conditioned_dx_case(1e-4)
     _, (dx, _, _) = run_plans(x, 2, weight, None, dy, 1e-5, lambda pb: small_plan(pb, path, 8, 1), "silu")
     _, grads_ref = reference_grads(x, 2, weight, None, dy, 1e-5, "silu")
-    scale = dx_term_scales(x, 2, dy, 1e-5, weight, None, "silu")
+    scale = dx_term_scale(x, 2, weight, dy, 1e-5, activation="silu")
     assert scale.norm() > 100 * grads_ref["x"].norm()  # the case is as ill-conditioned as meant
     assert_close_to_scale(dx, grads_ref["x"], scale, torch.float64, "dx", torch.float64)
     off = dx + 1e-10 * scale.norm() * torch.sign(torch.randn_like(dx))
@@ -368,18 +359,17 @@ def test_tiny_groups(shape, groups):
     assert_close_to_scale(dx, grads_ref["x"], dx_term_scale(x, groups, weight, dy, 1e-5), torch.float32, "dx")
 
 
-def dx_term_scale(x, num_groups, weight, dy, eps):
+def dx_term_scale(x, num_groups, weight, dy, eps, bias=None, activation="none"):
     """Per element of dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
-    g = dy * w: the summed magnitudes of its terms, in float64.  A float32
-    kernel's error is relative to these: with 1- or 2-element groups dx
-    cancels down to ~eps where the terms are O(1), or comes out O(rstd)
-    where the group's values nearly coincide."""
-    n, c = x.shape[:2]
-    xg = x.detach().double().reshape(n, num_groups, -1)
-    g = (dy.double() * weight.detach().double().reshape(1, c, *([1] * (x.dim() - 2)))).reshape(n, num_groups, -1)
-    mean = xg.mean(-1, keepdim=True)
-    rstd = torch.rsqrt((xg - mean).square().mean(-1, keepdim=True) + eps)
-    xhat = (xg - mean) * rstd
+    g = dz * w (dz: dy taken through the activation; w: 1 without a weight):
+    the summed magnitudes of its terms, in float64.  A kernel's error is
+    relative to these: with 1- or 2-element groups, or g near the span of 1
+    and xhat, dx cancels down to ~eps of terms that are O(1), or comes out
+    O(rstd) where the group's values nearly coincide."""
+    xhat, rstd = reference._normalized(x.detach().double(), num_groups, eps)
+    dz = _through_activation(dy, xhat, x, weight, bias, activation)
+    g = dz if weight is None else dz * reference._channel_view(weight, x, torch.float64)
+    g = g.reshape(xhat.shape)
     terms = g.abs() + g.mean(-1, keepdim=True).abs() + xhat.abs() * (g * xhat).mean(-1, keepdim=True).abs()
     return (rstd * terms).reshape(x.shape)
 
