@@ -78,6 +78,37 @@ def assert_close_to_scale(out: torch.Tensor, ref: torch.Tensor, scale: torch.Ten
     assert err.abs().max().item() <= elem_bound, f"{what}: max error {err.abs().max().item():.3e} > {elem_bound:.3e}"
 
 
+def glu_dgate_term_scale(activation: str, gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """Per element, in float64, the magnitudes of the terms dgate = dy * act'(gate) * up is made of.
+    act' is a sum (silu' = s + g s (1 - s); GELU's likewise) that cancels to 0 at one gate value
+    (silu's near -1.278), where any float32 evaluation, torch's included, keeps an error relative to
+    those terms, not to act' itself."""
+    from csrc_free_ops.glu import reference
+
+    g = gate.detach().double()
+    if activation == "silu":
+        s = torch.sigmoid(g)
+        terms = s + (g * s * (1 - s)).abs()
+    elif activation == "gelu_tanh":
+        s = torch.sigmoid(2 * reference.SQRT_2_OVER_PI * (g + reference.GELU_CUBIC * g**3))
+        dz = reference.SQRT_2_OVER_PI * (1 + 3 * reference.GELU_CUBIC * g * g)
+        terms = s + (2 * g * s * (1 - s) * dz).abs()
+    else:
+        terms = (
+            0.5 * (1 + torch.erf(g * reference.INV_SQRT_2)) + (g * reference.INV_SQRT_2PI * torch.exp(-g * g / 2)).abs()
+        )
+    return (dy.detach().double() * up.detach().double()).abs() * terms
+
+
+def assert_glu_dgate_close(dgate: torch.Tensor, ref: torch.Tensor, activation: str, gate: torch.Tensor,
+                           up: torch.Tensor, dy: torch.Tensor, what: str = "dgate") -> None:  # fmt: skip
+    """dgate against its float64 reference: rounded once to gate's dtype, computed in float32 (float64
+    when gate or up is), with that computation's error relative to its terms (glu_dgate_term_scale)."""
+    compute = torch.float64 if torch.float64 in (gate.dtype, up.dtype) else torch.float32
+    scale = glu_dgate_term_scale(activation, gate, up, dy)
+    assert_close_to_scale(dgate, ref, scale, gate.dtype, what, compute)
+
+
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """NaN-filled tensor: an output element a kernel forgets to write stays NaN."""
     return torch.full_like(t, float("nan"))
