@@ -304,7 +304,7 @@ def _launch_group_norm_paths() -> None:
             gn_plan.looped(pb, 64, 3, None, None, ("evict_last", "evict_first"), reduce),
             gn_plan.split(pb, block_c, block_hw, chunk, 5, 4, True, reduce),  # finalize
             gn_plan.split(pb, block_c, 64, 64, 5, 64, True, reduce),  # fused
-        ] + ([] if pb.channels_last else [
+        ] + ([] if pb.channels_last or pb.itemsize == 8 else [  # one-pass: float32 math only
             gn_plan.one_pass(pb, 4, 64, 1, 4, True, 16, reduce=reduce),  # masked tiles (cpg 4, hw 40)
             gn_plan.one_pass(pb, 4, 8, 1, 4, False, 16, reduce=reduce),
         ])  # fmt: skip

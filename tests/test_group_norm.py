@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from csrc_free_ops.group_norm import kernels, launch, layout, plan, reference, residency, tiles, workspace
@@ -22,6 +22,8 @@ from tests.helpers import ALL_DTYPES, DEVICE, assert_close_to_ref, assert_close_
 
 AFFINE = ("both", "weight", "bias", "none")
 PATHS = ("whole", "one_pass", "looped", "split")
+# The one-pass kernels compute in float32 only (plan._one_pass_math says why).
+FLOAT64_PATHS = tuple(p for p in PATHS if p != "one_pass")
 # The reduce of the small plans below: 2 x 4 tiles on 2 programs, so it loops both ways.
 SMALL_REDUCE = (2, 4, 2, ())
 
@@ -126,9 +128,9 @@ def _ill_conditioned_dx_case(delta: float):
     return x.to(DEVICE), weight.to(DEVICE), (g / (weight.double() * silu_grad)).to(DEVICE)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", FLOAT64_PATHS)
 def test_dx_of_an_ill_conditioned_group_is_checked_against_its_terms(path):
-    """Where a group's dx cancels to 1e-4 of its terms, the float64 reference and every path differ by
+    """Where a group's dx cancels to 1e-4 of its terms, the float64 reference and every float64 path differ by
     1.0e-12 to 2.2e-12 of dx (the interpreter, every path), beyond a bound relative to dx, but within
     float64's bound on the terms; an error of 1e-10 of the terms still fails."""
     x, weight, dy = _ill_conditioned_dx_case(1e-4)
@@ -140,6 +142,18 @@ def test_dx_of_an_ill_conditioned_group_is_checked_against_its_terms(path):
     off = dx + 1e-10 * scale.norm() * torch.sign(torch.randn_like(dx))
     with pytest.raises(AssertionError, match="dx: error norm"):
         assert_close_to_scale(off, grads_ref["x"], scale, torch.float64, "dx", torch.float64)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["one_pass", "nhwc_one_pass"])
+def test_one_pass_plans_refuse_float64(channels_last):
+    """The one-pass kernels take eps as a float32: a float64 plan of theirs would not be float64 all the way through."""
+    x = make_x((2, 8, 4, 4), torch.float64, "channels_last" if channels_last else "contiguous")
+    pb = problem(x, 2, None, None, backward=False)
+    with pytest.raises(ValueError, match="compute in float32; plan float64 x another path"):
+        if channels_last:
+            plan.nhwc_one_pass(pb, 8, 8, 1, None, 1, None, SMALL_REDUCE)
+        else:
+            plan.one_pass(pb, 4, 16, 1, None, False, 4)
 
 
 def problem(x, num_groups, weight, bias, backward, activation="none"):
@@ -223,6 +237,7 @@ def test_every_path_on_any_shape(case, dtype, affine, path, tile, target_items, 
     one-pass teams walking several rows each; x read in place in either
     layout, with grad_out in the same or the other one; with and without
     the fused SiLU."""
+    assume(path in FLOAT64_PATHS or dtype != torch.float64)
     shape, groups = case
     x = make_x(shape, dtype, "contiguous" if path == "one_pass" else x_layout)  # one-pass: plan.one_pass says why
     weight, bias = make_params(shape[1], affine, torch.float32)

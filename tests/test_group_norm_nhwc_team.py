@@ -47,8 +47,11 @@ def run_team(x, groups, weight, bias, dy, eps, path, activation="none", **geomet
     return y, grads, plans
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize(("shape", "groups", "dtype", "activation"), CASES)
+# The one-pass kernels compute in float32 only (plan._one_pass_math says why).
+TEAM_CASES = [(path, *case) for path in PATHS for case in CASES if path != "nhwc_one_pass" or case[2] != torch.float64]
+
+
+@pytest.mark.parametrize(("path", "shape", "groups", "dtype", "activation"), TEAM_CASES)
 def test_team_paths_match_float64_reference(path, shape, groups, dtype, activation):
     x = make_cl(shape, dtype, offset=1.5)
     weight, bias = make_params(shape[1], "both", torch.float64 if dtype == torch.float64 else torch.float32)

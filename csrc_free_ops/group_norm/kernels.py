@@ -69,8 +69,8 @@ a Python float fp32 otherwise), added to the statistic in float64 and the
 sum rounded to COMPUTE (``_rsqrt_eps``): float64 math keeps all of eps, and
 float32 kernels hold no converted copy of it in a register (a copy converted
 on entry took up to 18 more registers in the sm_90 looped forward).  The
-one-pass kernels, float32 only (plan.py), take eps as Triton types a Python
-float, fp32, as before.  Stores narrow through ``_narrow``.
+one-pass kernels, float32 only (plan._one_pass_math refuses float64), take
+eps as Triton types a Python float, fp32.  Stores narrow through ``_narrow``.
 """
 
 from __future__ import annotations

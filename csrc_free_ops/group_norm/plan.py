@@ -433,6 +433,14 @@ def nhwc_team(pb: Problem, block_c: int, block_hw: int, grid_cap: int, warps: bo
     return _plan(pb, "nhwc_team", steps, block_hw, NHWC_TEAM_BWD)
 
 
+def _one_pass_math(pb: Problem, path: str) -> None:
+    """The one-pass kernels compute in float32 and take eps as Triton types a
+    Python float, fp32 (kernels.py says why): a float64 result would carry
+    float32 eps, so float64 data gets another path."""
+    if pb.compute != tl.float32:
+        raise ValueError(f"group_norm: {path} plans compute in float32; plan float64 x another path")
+
+
 def nhwc_one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | None, max_rounds: int,
                   fallback: Plan | None, reduce: tuple[int, int, int, tuple],
                   maxnreg: int | None = None) -> Plan:  # fmt: skip
@@ -440,6 +448,7 @@ def nhwc_one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: i
     per (sample, channel block), ``teams`` teams (at least one, at most one
     per team row), each member holding its tile across the team's barrier.
     warps / maxnreg None: no such launch option."""
+    _one_pass_math(pb, "nhwc_one_pass")
     block = _team_blocks(pb, block_c, block_hw)
     splits = cdiv(pb.hw, block_hw)
     rows = team_rows(pb, block_c)
@@ -466,6 +475,7 @@ def one_pass(pb: Problem, block_c: int, block_hw: int, teams: int, warps: int | 
     backward spill on sm_90, the CUDA compile check)."""
     if pb.channels_last:
         raise ValueError("group_norm: one-pass plans read contiguous x only; plan channels-last x another path")
+    _one_pass_math(pb, "one_pass")
     size = tiles.team_size(pb, block_c, block_hw)
     teams = max(1, min(pb.rows, teams))
     splits = cdiv(pb.hw, block_hw)
