@@ -160,7 +160,10 @@ def liger_keywords() -> tuple[str, ...]:
     from liger_nn import apply_liger_ops
 
     params = inspect.signature(apply_liger_ops).parameters.values()
-    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and isinstance(p.default, bool))
+    # A None default is an on/off keyword whose default depends on the model (layer_norm).
+    return tuple(
+        p.name for p in params if p.kind is p.KEYWORD_ONLY and (p.default is None or isinstance(p.default, bool))
+    )
 
 
 def _liger(net: nn.Module, off: tuple[str, ...] = ()) -> Callable[[], None]:

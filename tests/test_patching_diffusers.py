@@ -143,6 +143,22 @@ def test_blocks_left_alone_are_reported(monkeypatch):
     patch.remove()
 
 
+def test_layer_norms_of_a_diffusers_model_are_left_to_torch_unless_asked_for():
+    model = _cond_unet()
+    originals = sorted(name for name, m in model.named_modules() if type(m) is nn.LayerNorm)
+    assert originals
+    patch = apply_liger_ops(model)
+    left = [r for r in patch.report.left_alone if r.kind == "layer_norm"]
+    assert sorted(r.target for r in left) == originals and all("layer_norm=True" in r.detail for r in left)
+    assert patch.report.count("layer_norm") == 0
+    patch.remove()
+    patch = apply_liger_ops(model, layer_norm=True)
+    assert sorted(r.target for r in patch.report.replaced if r.kind == "layer_norm") == originals
+    assert not any(type(m) is nn.LayerNorm for m in model.modules())
+    patch.remove()
+    assert sorted(name for name, m in model.named_modules() if type(m) is nn.LayerNorm) == originals
+
+
 def test_switched_off():
     model = _cond_unet()
     patch = apply_liger_ops(model, group_norm_silu=False, glu=False)

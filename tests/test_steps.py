@@ -112,6 +112,7 @@ def test_liger_off_leaves_those_ops_as_they_are(tmp_path):
     assert record["patch"] == "apply_liger_ops, fused_linear_cross_entropy=False, rms_norm=False"
     with pytest.raises(SystemExit):
         steps.parse_args(["--liger-off", "softmax"])
+    assert steps.parse_args(["--liger-off", "layer_norm"]).liger_off == ["layer_norm"]  # a None default
 
 
 def test_upstream_off_leaves_those_of_upstreams_swaps_out(monkeypatch):

@@ -44,7 +44,10 @@ What is replaced (each kind can be switched off; docs/patching.md has the tables
   the class's own bfloat16 output bit for bit (Llama's, OLMo2's, Gemma's
   ``1 + weight``).  Per model.
 * ``layer_norm``: every submodule whose class is exactly ``torch.nn.LayerNorm``
-  becomes a ``liger_nn.LayerNorm`` sharing its parameters.  Per model.
+  becomes a ``liger_nn.LayerNorm`` sharing its parameters; by default
+  (``layer_norm=None``) not in a diffusers model, whose LayerNorms leave no GPU
+  time to win and cost less host time as torch's own op (the report lists them
+  as left alone; ``layer_norm=True`` swaps them too).  Per model.
 * ``fused_linear_cross_entropy``: the loss of every ``*ForCausalLM`` of an
   architecture in ``LOSS_ARCHITECTURES``: training steps with labels run the
   base model, then the fused loss on the hidden states and the LM head, and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Iterable
 
@@ -34,6 +35,28 @@ MODULE_RULES: tuple[ModuleRule, ...] = (
     swap_diffusers_geglu.RULE,
 )
 
+# Why layer_norm=None leaves a diffusers model's LayerNorms to torch: at their widths there is no GPU time
+# to win, and torch's C++ op costs less host time per call than the drop-in's autograd path.
+DIFFUSERS_LAYER_NORM = (
+    "left to torch in a diffusers model: no GPU time to win at its widths (layer_norm=True routes it)"
+)
+
+
+def _is_diffusers_model(model: nn.Module) -> bool:
+    return type(model).__module__.partition(".")[0] == "diffusers"
+
+
+def _module_rules(model: nn.Module, kinds: dict[str, bool | None]) -> list[ModuleRule]:
+    """The module swaps switched on; ``None`` for layer_norm: on, but in a diffusers model every
+    LayerNorm is reported as left alone."""
+    rules = []
+    for rule in MODULE_RULES:
+        if kinds[rule.kind] is None and rule.kind == "layer_norm" and _is_diffusers_model(model):
+            rule = dataclasses.replace(rule, refusal=lambda module: DIFFUSERS_LAYER_NORM)
+        if kinds[rule.kind] is None or kinds[rule.kind]:
+            rules.append(rule)
+    return rules
+
 
 def apply_liger_ops(
     model: nn.Module,
@@ -43,7 +66,7 @@ def apply_liger_ops(
     poly_norm: bool = True,
     glu: bool = True,
     rms_norm: bool = True,
-    layer_norm: bool = True,
+    layer_norm: bool | None = None,
     fused_linear_cross_entropy: bool = True,
     rope_architectures: Iterable[str] = ROPE_ARCHITECTURES,
     group_norm_silu: bool = True,
@@ -54,7 +77,12 @@ def apply_liger_ops(
 
     Patch before ``torch.compile`` and before wrapping the model (DDP/FSDP):
     module swaps change the module tree.  The rotary swap covers every model of
-    a patched architecture in the process (including copies made later)."""
+    a patched architecture in the process (including copies made later).
+
+    ``layer_norm=None`` (the default) swaps every ``nn.LayerNorm`` except in a
+    diffusers model (one whose class comes from the diffusers package), where
+    they are reported as left alone: their widths leave no GPU time to win and
+    torch's own op costs less host time; ``True`` swaps them there too."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply_liger_ops expects an nn.Module, got {type(model).__name__}")
     handle = LigerPatch(model, PatchReport())
@@ -65,7 +93,7 @@ def apply_liger_ops(
         "rms_norm": rms_norm,
         "layer_norm": layer_norm,
     }
-    rules = [rule for rule in MODULE_RULES if module_kinds[rule.kind]]
+    rules = _module_rules(model, module_kinds)
     try:
         if rope:
             patch_rope(model, frozenset(rope_architectures), handle)
