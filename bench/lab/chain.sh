@@ -83,9 +83,12 @@ for step in "$@"; do
       run_step steps_llm_long python3 -m bench.steps --models llama,qwen2 --modes eager,compile --shapes 2x4096 \
         --rounds 5 --out "$RESULTS/steps_llm_long" ;;
     steps_llm_norms_mlp-*)
-      # steps_llm_norms_mlp-<B>x<S>: rope, the norms and the MLP from each library, the loss left as is in
-      # both (the issue's same set; upstream's compiled steps crash in its loss)
-      run_step "$step" python3 -m bench.steps --models llama,qwen2 --modes eager,compile --shapes "${step#*-}" \
+      # steps_llm_norms_mlp-<B>x<S>[-<models>[-<modes>]] (commas as +): rope, the norms and the MLP from each
+      # library, the loss left as is in both (the issue's same set; upstream's compiled steps crash in its loss)
+      IFS=- read -r shape models modes <<< "${step#steps_llm_norms_mlp-}"
+      models=${models:-llama+qwen2}
+      modes=${modes:-eager+compile}
+      run_step "$step" python3 -m bench.steps --models "${models//+/,}" --modes "${modes//+/,}" --shapes "$shape" \
         --rounds 5 --liger-off fused_linear_cross_entropy --upstream-off fused_linear_cross_entropy \
         --out "$RESULTS/$step" ;;
     steps_llm_compile_math)
