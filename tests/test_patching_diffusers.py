@@ -159,6 +159,20 @@ def test_layer_norms_of_a_diffusers_model_are_left_to_torch_unless_asked_for():
     assert sorted(name for name, m in model.named_modules() if type(m) is nn.LayerNorm) == originals
 
 
+def test_only_the_layer_norms_inside_a_diffusers_module_are_left_to_torch():
+    """A wrapper holding a UNet (a subclass of diffusers' class) beside a LayerNorm of its own."""
+
+    class MyUNet(diffusers.UNet2DConditionModel):
+        pass
+
+    wrapper = nn.ModuleDict({"unet": MyUNet(**_cond_unet().config), "head_norm": nn.LayerNorm(8)})
+    inside = sorted(f"unet.{name}" for name, m in wrapper["unet"].named_modules() if type(m) is nn.LayerNorm)
+    patch = apply_liger_ops(wrapper)
+    assert sorted(r.target for r in patch.report.left_alone if r.kind == "layer_norm") == inside
+    assert [r.target for r in patch.report.replaced if r.kind == "layer_norm"] == ["head_norm"]
+    patch.remove()
+
+
 def test_switched_off():
     model = _cond_unet()
     patch = apply_liger_ops(model, group_norm_silu=False, glu=False)

@@ -45,7 +45,7 @@ What is replaced (each kind can be switched off; docs/patching.md has the tables
   ``1 + weight``).  Per model.
 * ``layer_norm``: every submodule whose class is exactly ``torch.nn.LayerNorm``
   becomes a ``liger_nn.LayerNorm`` sharing its parameters; by default
-  (``layer_norm=None``) not in a diffusers model, whose LayerNorms leave no GPU
+  (``layer_norm=None``) not inside a diffusers module, whose LayerNorms leave no GPU
   time to win and cost less host time as torch's own op (the report lists them
   as left alone; ``layer_norm=True`` swaps them too).  Per model.
 * ``fused_linear_cross_entropy``: the loss of every ``*ForCausalLM`` of an

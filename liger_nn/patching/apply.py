@@ -42,17 +42,35 @@ DIFFUSERS_LAYER_NORM = (
 )
 
 
-def _is_diffusers_model(model: nn.Module) -> bool:
-    return type(model).__module__.partition(".")[0] == "diffusers"
+def _from_diffusers(module: nn.Module) -> bool:
+    """Whether the module's class is diffusers' or derives from one of diffusers' classes."""
+    return any(cls.__module__.partition(".")[0] == "diffusers" for cls in type(module).__mro__)
+
+
+def _under_diffusers(model: nn.Module) -> set[int]:
+    """The ids of the modules inside a diffusers module of ``model`` (the model itself, or a part of
+    a wrapper, such as the UNet beside a transformers text encoder)."""
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) not in inside and _from_diffusers(module):
+            inside.update(id(m) for m in module.modules())
+    return inside
+
+
+def _left_in_diffusers(rule: ModuleRule, inside: set[int]) -> ModuleRule:
+    def refusal(module: nn.Module) -> str | None:
+        return DIFFUSERS_LAYER_NORM if id(module) in inside else rule.refusal(module)
+
+    return dataclasses.replace(rule, refusal=refusal)
 
 
 def _module_rules(model: nn.Module, kinds: dict[str, bool | None]) -> list[ModuleRule]:
-    """The module swaps switched on; ``None`` for layer_norm: on, but in a diffusers model every
-    LayerNorm is reported as left alone."""
+    """The module swaps switched on; ``None`` for layer_norm: on, but every LayerNorm inside a
+    diffusers module is reported as left alone."""
     rules = []
     for rule in MODULE_RULES:
-        if kinds[rule.kind] is None and rule.kind == "layer_norm" and _is_diffusers_model(model):
-            rule = dataclasses.replace(rule, refusal=lambda module: DIFFUSERS_LAYER_NORM)
+        if kinds[rule.kind] is None and rule.kind == "layer_norm":
+            rule = _left_in_diffusers(rule, _under_diffusers(model))
         if kinds[rule.kind] is None or kinds[rule.kind]:
             rules.append(rule)
     return rules
@@ -79,10 +97,11 @@ def apply_liger_ops(
     module swaps change the module tree.  The rotary swap covers every model of
     a patched architecture in the process (including copies made later).
 
-    ``layer_norm=None`` (the default) swaps every ``nn.LayerNorm`` except in a
-    diffusers model (one whose class comes from the diffusers package), where
-    they are reported as left alone: their widths leave no GPU time to win and
-    torch's own op costs less host time; ``True`` swaps them there too."""
+    ``layer_norm=None`` (the default) swaps every ``nn.LayerNorm`` except inside
+    a diffusers module (one whose class is, or derives from, a diffusers
+    class), where they are reported as left alone: their widths leave no GPU
+    time to win and torch's own op costs less host time; ``True`` swaps them
+    there too."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply_liger_ops expects an nn.Module, got {type(model).__name__}")
     handle = LigerPatch(model, PatchReport())
