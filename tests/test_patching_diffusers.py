@@ -43,8 +43,8 @@ def _unet_scale_shift():
     )  # fmt: skip
 
 
-def _cond_unet():
-    return diffusers.UNet2DConditionModel(
+def _cond_unet(cls=None):
+    return (cls or diffusers.UNet2DConditionModel)(
         sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8,),
         down_block_types=("CrossAttnDownBlock2D",), up_block_types=("CrossAttnUpBlock2D",),
         norm_num_groups=4, cross_attention_dim=8, attention_head_dim=4,
@@ -165,7 +165,7 @@ def test_only_the_layer_norms_inside_a_diffusers_module_are_left_to_torch():
     class MyUNet(diffusers.UNet2DConditionModel):
         pass
 
-    wrapper = nn.ModuleDict({"unet": MyUNet(**_cond_unet().config), "head_norm": nn.LayerNorm(8)})
+    wrapper = nn.ModuleDict({"unet": _cond_unet(MyUNet), "head_norm": nn.LayerNorm(8)})
     inside = sorted(f"unet.{name}" for name, m in wrapper["unet"].named_modules() if type(m) is nn.LayerNorm)
     patch = apply_liger_ops(wrapper)
     assert sorted(r.target for r in patch.report.left_alone if r.kind == "layer_norm") == inside
