@@ -1,6 +1,6 @@
-"""float64 group_norm dx at tiny groups (1, 8) with 2 groups and SiLU, every path: the worst relative
-error against the float64 reference over many draws, beside that draw's conditioning (the norm of dx's
-terms before they cancel, rstd * (|dz w| + |mean(dz w)| + |xhat mean(dz w xhat)|), over the norm of dx).
+"""float64 group_norm dx at tiny groups (1, 8) with 2 groups and SiLU, every float64 path: the worst
+relative error against the float64 reference over many draws, beside that draw's conditioning (the norm
+of dx's terms before they cancel, tests/test_group_norm.py's dx_term_scale, over the norm of dx).
 
     python -m bench.lab.probe_gn_float64 [device] [draws]
 """
@@ -11,23 +11,7 @@ import sys
 
 import torch
 
-from csrc_free_ops.group_norm import reference
-from tests.test_group_norm import reference_grads, run_plans, small_plan
-
-PATHS = ("whole", "looped", "split", "one_pass")
-
-
-def conditioning(x, w, dy, groups, eps):
-    xhat, rstd = reference._normalized(x.double(), groups, eps)
-    xhat = xhat.reshape(x.shape)
-    z = xhat * w.double()[None, :]
-    s = torch.sigmoid(z)
-    a = dy.double() * s * (1 + z * (1 - s)) * w.double()[None, :]
-    n, c = x.shape
-    ag, xg = a.reshape(n, groups, -1), xhat.reshape(n, groups, -1)
-    terms = ag.abs() + ag.mean(-1, keepdim=True).abs() + (xg * (ag * xg).mean(-1, keepdim=True)).abs()
-    terms = terms * rstd.reshape(n, groups, 1)
-    return terms.reshape(n, c)
+from tests.test_group_norm import FLOAT64_PATHS, dx_term_scale, reference_grads, run_plans, small_plan
 
 
 def main() -> None:
@@ -41,8 +25,8 @@ def main() -> None:
         dy = torch.randn(1, 8, dtype=torch.float64, device=dev)
         _, g = reference_grads(x, 2, w, None, dy, 1e-5, "silu")
         ref = g["x"]
-        cond = (conditioning(x, w, dy, 2, 1e-5).norm() / ref.norm()).item()
-        for path in PATHS:
+        cond = (dx_term_scale(x, 2, w, dy, 1e-5, activation="silu").norm() / ref.norm()).item()
+        for path in FLOAT64_PATHS:
             _, (dx, _, _) = run_plans(x, 2, w, None, dy, 1e-5, lambda pb, p=path: small_plan(pb, p, 8, 1), "silu")
             rel = ((dx.double() - ref).norm() / ref.norm()).item()
             if rel > worst.get(path, (0.0,))[0]:
